@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Set up hpcpar in ./.venv and run the demo or the whole test suite.
+
+    python3 dev.py demo    # set up, then run 'hpcpar demo' on 4 ranks
+    python3 dev.py test    # set up, then lint and run the tests serially and at 2, 3, 4 ranks
+
+Set-up is idempotent: it is skipped while setup.cfg and pyproject.toml are unchanged.
+Only the standard library is used here, so a fresh machine with Python and pip suffices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PY = BIN / "python"
+STAMP = VENV / ".hpcpar-setup"
+RANKS_UNDER_MPI = (2, 3, 4)
+JOB_TIMEOUT_S = 900  # a whole MPI pytest run; each test has its own, shorter limit
+
+
+def _say(msg: str) -> None:
+    print(f"==> {msg}", flush=True)
+
+
+def _run(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
+    _say(" ".join(str(c) for c in cmd))
+    code = subprocess.call([str(c) for c in cmd], cwd=ROOT, env=env)
+    if code != 0:
+        _say(f"failed with exit status {code}: {' '.join(str(c) for c in cmd)}")
+        sys.exit(code)
+
+
+def _fingerprint(extras: str) -> str:
+    digest = hashlib.sha256(extras.encode())
+    for name in ("setup.cfg", "pyproject.toml"):
+        digest.update((ROOT / name).read_bytes())
+    return digest.hexdigest()
+
+
+def setup(extras: str) -> None:
+    """Create .venv and install hpcpar (editable) with ``extras``, unless already done."""
+    want = _fingerprint(extras)
+    if PY.exists() and STAMP.exists() and STAMP.read_text().strip() == want:
+        return
+    if not PY.exists():
+        _run(sys.executable, "-m", "venv", VENV)
+    _run(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip", "setuptools>=64", "wheel")
+    _run(PY, "-m", "pip", "install", "--quiet", "-e", f".[{extras}]" if extras else ".")
+    STAMP.write_text(want + "\n")
+
+
+def _mpi_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("HPCPAR_TIMEOUT", str(JOB_TIMEOUT_S))
+    return env
+
+
+def demo() -> None:
+    """Run the main job: 'hpcpar demo' on 4 ranks over two virtual nodes."""
+    setup("")
+    _run(BIN / "hpcpar", "launch", "-n", "4", "--layout", "ppn:2", "--timeout", "600", "--", "demo")
+
+
+def test(pytest_args: list[str]) -> None:
+    """Lint, then run every test serially (MPI tests at one rank) and at 2, 3 and 4 ranks."""
+    setup("test")
+    started = time.monotonic()
+    _run(PY, "-m", "ruff", "check", ".")
+    _run(PY, "-m", "ruff", "format", "--check", ".")
+    _run(PY, "-m", "pytest", "--with-mpi", *pytest_args)
+    for ranks in RANKS_UNDER_MPI:
+        _run(
+            BIN / "hpcpar", "launch", "-n", str(ranks), "--timeout", str(JOB_TIMEOUT_S), "--",
+            "python", "-m", "pytest", "--with-mpi", "-m", "mpi", "-q", *pytest_args,
+            env=_mpi_env(),
+        )
+    _say(f"all tests passed in {time.monotonic() - started:.0f} s")
+
+
+def main() -> None:
+    """Dispatch ``demo`` or ``test``."""
+    if len(sys.argv) < 2 or sys.argv[1] not in ("demo", "test"):
+        print(__doc__.strip(), file=sys.stderr)
+        sys.exit(2)
+    if sys.argv[1] == "demo":
+        demo()
+    else:
+        test(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()

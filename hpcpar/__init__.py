@@ -1,0 +1,48 @@
+"""hpcpar: topology-aware collectives, derived datatypes and checkpointing on mpi4py.
+
+This module defines the public API. Names that need MPI are imported on first use, so
+``import hpcpar`` never initialises MPI by itself (the launcher relies on that: it must
+not become an MPI process before it starts ``mpiexec``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+from .errors import CommunicatorError, HpcparError, LaunchError, LayoutError, UsageError
+
+if TYPE_CHECKING:
+    from .runtime.comm import default_comm
+    from .topology import Hierarchy
+
+__all__ = [
+    "__version__",
+    "HpcparError",
+    "UsageError",
+    "LayoutError",
+    "LaunchError",
+    "CommunicatorError",
+    "Hierarchy",
+    "default_comm",
+]
+
+# Public name -> module that defines it; resolved by __getattr__ on first access.
+_LAZY = {
+    "Hierarchy": "hpcpar.topology",
+    "default_comm": "hpcpar.runtime.comm",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hpcpar' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

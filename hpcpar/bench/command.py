@@ -1,0 +1,60 @@
+"""``hpcpar bench NAME``: run a registered benchmark with the shared options and output."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..cli.common import add_layout_argument
+from ..cli.registry import Command, register
+from .registry import benchmarks
+
+__all__ = ["add_common_arguments"]
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every benchmark takes: sizes, repeats, timing and output."""
+    parser.add_argument("--min-size", default="8", metavar="SIZE", help="smallest message (default 8 B)")
+    parser.add_argument("--max-size", default="64MiB", metavar="SIZE", help="largest message (default 64 MiB)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per size; the median is reported (default 5)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls before timing (default 2)")
+    parser.add_argument(
+        "--min-time", type=float, default=0.05, metavar="S",
+        help="seconds one repeat lasts at least; sets the iteration count (default 0.05)",
+    )
+    parser.add_argument("--max-iterations", type=int, default=10000, help="iterations per repeat at most")
+    parser.add_argument("--output", default=None, metavar="PREFIX", help="write PREFIX.json and PREFIX.csv")
+    add_layout_argument(parser)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="benchmark", metavar="NAME", parser_class=type(parser))
+    for bench in benchmarks().values():
+        child = sub.add_parser(bench.name, help=bench.help, description=bench.help)
+        add_common_arguments(child)
+        bench.add_arguments(child)
+
+
+def _run(comm: Any, args: argparse.Namespace) -> int:
+    from ..errors import UsageError
+    from ..runtime.results import write_csv, write_json
+
+    if args.benchmark is None:
+        names = ", ".join(benchmarks())
+        raise UsageError(f"bench: name a benchmark ({names})")
+    bench = benchmarks()[args.benchmark]
+    measurements = bench.run(comm, args)
+    rows = [m.as_dict() for m in measurements]
+    if args.output:
+        params = {k: v for k, v in vars(args).items() if k != "hpcpar_command"}
+        write_json(f"{args.output}.json", rows, comm=comm, layout=args.layout, parameters=params)
+        write_csv(f"{args.output}.csv", rows, comm=comm)
+    if not all(m.valid for m in measurements):
+        if comm.Get_rank() == 0:
+            print("# VALIDATION FAILED for:", ", ".join(
+                f"{m.variant}@{m.size}" for m in measurements if not m.valid), flush=True)
+        return 1
+    return 0
+
+
+register(Command("bench", "run a benchmark (OSU-style output, validated, vs a peer)", _add_arguments, _run))

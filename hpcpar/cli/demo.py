@@ -1,0 +1,63 @@
+"""``hpcpar demo``: the main job. Shows the topology and checks collectives against numpy."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .common import add_layout_argument
+from .registry import Command, register
+
+__all__: list[str] = []
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_layout_argument(parser)
+    parser.add_argument(
+        "--count", type=int, default=1 << 20, metavar="N", help="elements per rank (default 1048576)"
+    )
+    parser.add_argument("--output", default=None, metavar="FILE", help="also write results as JSON")
+
+
+def _run(comm: Any, args: argparse.Namespace) -> int:
+    import numpy as np
+    from mpi4py import MPI
+
+    from ..errors import UsageError
+    from ..runtime.results import write_json
+    from ..testing import failing_ranks
+    from ..topology import Hierarchy
+
+    if args.count < 1:
+        raise UsageError(f"demo: --count must be at least 1, not {args.count}")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    say = print if rank == 0 else (lambda *a, **k: None)
+    checks: list[dict[str, Any]] = []
+
+    def check(name: str, got: np.ndarray, want: np.ndarray) -> None:
+        bad = failing_ranks(np.array_equal(got, want), comm)
+        checks.append({"check": name, "ok": not bad, "failed_ranks": bad})
+        say(f"  {'ok    ' if not bad else 'FAILED'}  {name}" + (f" (ranks {bad})" if bad else ""))
+
+    with Hierarchy(comm, layout=args.layout) as h:
+        say(h.describe())
+        say(f"\nchecks against numpy ({args.count} float64 elements per rank):")
+        # Integer-valued data keeps every sum exact, so equality is the right test.
+        base = np.arange(args.count, dtype=np.float64) % 1021
+        x = base * (rank + 1)
+        out = np.empty_like(x)
+        comm.Allreduce(x, out, op=MPI.SUM)
+        check("allreduce SUM over all ranks (MPI library)", out, base * (size * (size + 1) // 2))
+        node_sum = np.empty_like(x)
+        h.node.Allreduce(x, node_sum, op=MPI.SUM)
+        members = h.ranks_of_node(h.node_index)
+        check(f"allreduce SUM within each of the {h.n_nodes} node(s)", node_sum, base * sum(r + 1 for r in members))
+        layout = h.layout
+    ok = all(c["ok"] for c in checks)
+    say(f"\ndemo {'passed' if ok else 'FAILED'}: {len(checks)} checks on {size} rank(s)", flush=True)
+    if args.output:
+        write_json(args.output, {"checks": checks, "passed": ok}, comm=comm, layout=layout, parameters=vars(args))
+    return 0 if ok else 1
+
+
+register(Command("demo", "the main job: topology table and collective checks against numpy", _add_arguments, _run))

@@ -1,0 +1,92 @@
+"""``hpcpar launch``: start an MPI job with the right mpiexec (or srun) and safe defaults."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import Any
+
+from ..errors import UsageError
+from .common import add_layout_argument
+from .registry import Command, commands, register
+
+__all__: list[str] = []
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "hpcpar launch -n N [--layout L] [--timeout S] [--dry-run] -- COMMAND [ARGS...]"
+    parser.epilog = (
+        "COMMAND is an hpcpar subcommand (demo, info, bench ...), a script.py, or any program. "
+        "Environment: HPCPAR_MPIEXEC picks the mpiexec, HPCPAR_LAUNCHER the launcher, "
+        "HPCPAR_TIMEOUT the default --timeout."
+    )
+    parser.add_argument("-n", "--np", dest="ranks", type=int, required=True, metavar="N", help="number of ranks")
+    add_layout_argument(parser)
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="kill the whole job after S seconds and exit 124 (default: $HPCPAR_TIMEOUT, else none)",
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=("auto", "mpiexec", "srun"),
+        default=os.environ.get("HPCPAR_LAUNCHER", "auto"),
+        help="auto: srun inside a Slurm allocation, else mpiexec (default: auto)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the command and environment, run nothing")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="what every rank runs, after --")
+
+
+def _timeout(args: argparse.Namespace) -> float | None:
+    if args.timeout is not None:
+        value = args.timeout
+    elif os.environ.get("HPCPAR_TIMEOUT"):
+        try:
+            value = float(os.environ["HPCPAR_TIMEOUT"])
+        except ValueError:
+            raise UsageError(f"HPCPAR_TIMEOUT must be a number of seconds, not {os.environ['HPCPAR_TIMEOUT']!r}") from None
+    else:
+        return None
+    if value <= 0:
+        raise UsageError(f"launch: --timeout must be positive, not {value:g}")
+    return value
+
+
+def _run(_comm: Any, args: argparse.Namespace) -> int:
+    from ..launcher import plan_launch, run_job
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    timeout = _timeout(args)
+    plan = plan_launch(
+        args.ranks,
+        command,
+        layout=args.layout,
+        launcher=args.launcher,
+        known_commands=commands().keys(),
+    )
+    if args.dry_run:
+        for note in plan.notes:
+            print(f"# {note}")
+        for key, value in sorted(plan.env.items()):
+            print(f"export {key}={shlex.quote(value)}")
+        print(shlex.join(plan.argv))
+        sys.stdout.flush()
+        return 0
+    return run_job(plan, timeout=timeout)
+
+
+register(
+    Command(
+        "launch",
+        "start an MPI job: hpcpar launch -n N [--layout L] [--timeout S] -- COMMAND",
+        _add_arguments,
+        _run,
+        needs_mpi=False,
+    )
+)

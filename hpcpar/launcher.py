@@ -1,0 +1,202 @@
+"""Start an MPI job: the ``mpiexec`` of the MPI that mpi4py loads, or ``srun`` in Slurm.
+
+Pure planning (``plan_launch``) is kept apart from running (``run_job``) so tests can
+check the exact command line and environment without starting anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .errors import LaunchError
+from .layout import node_assignment
+from .runtime.mpiinfo import MPIInstallation, find_mpi
+
+__all__ = ["LaunchPlan", "plan_launch", "run_job", "oversubscription_env", "TIMEOUT_EXIT"]
+
+TIMEOUT_EXIT = 124  # what timeout(1) returns, so scripts can tell a time-out apart
+
+_PYTHON_NAMES = ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+@dataclass
+class LaunchPlan:
+    """A job ready to start.
+
+    Attributes:
+        argv: The full command line (launcher, its options, the rank command).
+        env: Variables added to the launcher's environment.
+        launcher: ``"mpiexec"`` or ``"srun"``.
+        notes: Why each default was chosen, for ``--dry-run`` and logs.
+    """
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    launcher: str = "mpiexec"
+    notes: list[str] = field(default_factory=list)
+
+
+def oversubscription_env(vendor: str, ranks: int, cores: int) -> dict[str, str]:
+    """Environment that keeps an oversubscribed job from spinning ranks against each other.
+
+    Busy-polling ranks that outnumber the cores steal time from the rank that holds
+    the data everyone waits for; these settings make idle ranks yield instead.
+    Open MPI also refuses to oversubscribe (and to run as root) without being told.
+    """
+    env: dict[str, str] = {}
+    if vendor == "mpich" and ranks > cores:
+        env["MPIR_CVAR_CH4_PROGRESS_THROTTLE"] = "true"
+        env["MPIR_CVAR_POLLS_BEFORE_YIELD"] = "1"
+    if vendor == "openmpi":
+        if ranks > cores:
+            env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+            env["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
+            env["PRTE_MCA_rmaps_default_mapping_policy"] = ":oversubscribe"
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+            env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    if vendor == "intel" and ranks > cores:
+        env["I_MPI_WAIT_MODE"] = "1"
+    return env
+
+
+def _rank_command(command: Sequence[str], known_commands: Collection[str]) -> list[str]:
+    if not command:
+        raise LaunchError("launch: nothing to run; give a command after --, e.g. 'hpcpar launch -n 4 -- demo'")
+    head, rest = command[0], list(command[1:])
+    if head in known_commands:
+        return [sys.executable, "-m", "hpcpar", head, *rest]
+    if head.endswith(".py"):
+        if not os.path.isfile(head):
+            raise LaunchError(f"launch: script not found: {head}")
+        return [sys.executable, "-m", "hpcpar.run", head, *rest]
+    if head in _PYTHON_NAMES:
+        return [sys.executable, *rest]
+    if shutil.which(head) is None:
+        raise LaunchError(f"launch: command not found: {head}")
+    return [head, *rest]
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def plan_launch(
+    ranks: int,
+    command: Sequence[str],
+    *,
+    layout: str | None = None,
+    launcher: str = "auto",
+    known_commands: Collection[str] = (),
+    environ: Mapping[str, str] | None = None,
+    mpi: MPIInstallation | None = None,
+    cores: int | None = None,
+) -> LaunchPlan:
+    """Work out how to start ``command`` on ``ranks`` ranks.
+
+    Args:
+        ranks: Number of ranks (at least 1).
+        command: An hpcpar subcommand and its arguments, a ``script.py`` and its
+            arguments, or any executable.
+        layout: Virtual node layout passed to the ranks as ``HPCPAR_LAYOUT``.
+        launcher: ``"auto"`` (srun inside a Slurm allocation, else mpiexec),
+            ``"mpiexec"`` or ``"srun"``.
+        known_commands: Names treated as hpcpar subcommands.
+        environ: The environment to decide from (``os.environ`` by default).
+        mpi: The MPI installation (found with ``find_mpi`` by default).
+        cores: Cores available (this process's affinity by default).
+
+    Returns:
+        The plan.
+
+    Raises:
+        LaunchError: bad rank count, missing script or command, no launcher found.
+    """
+    environ = os.environ if environ is None else environ
+    if ranks < 1:
+        raise LaunchError(f"launch: -n must be at least 1, not {ranks}")
+    if layout:
+        node_assignment(layout, ranks)  # a bad layout fails here, before any rank starts
+    rank_argv = _rank_command(command, known_commands)
+    mpi = mpi or find_mpi()
+    cores = cores or _cores()
+    if launcher == "auto":
+        in_slurm = "SLURM_JOB_ID" in environ and shutil.which("srun") is not None
+        launcher = "srun" if in_slurm else "mpiexec"
+    env = oversubscription_env(mpi.vendor, ranks, cores)
+    notes = [f"MPI library: {mpi.version}"]
+    if env:
+        notes.append(f"{ranks} ranks on {cores} core(s): set {', '.join(sorted(env))}")
+    if layout:
+        env["HPCPAR_LAYOUT"] = layout
+    if launcher == "srun":
+        pmi = environ.get("HPCPAR_SRUN_MPI") or ("pmix" if mpi.vendor == "openmpi" else "pmi2")
+        argv = ["srun", f"--ntasks={ranks}", f"--mpi={pmi}", "--kill-on-bad-exit=1", *rank_argv]
+        notes.append("inside a Slurm allocation: using srun")
+    elif launcher == "mpiexec":
+        if mpi.mpiexec is None:
+            raise LaunchError(
+                "launch: no mpiexec found for the MPI library mpi4py loads; set HPCPAR_MPIEXEC"
+            )
+        argv = [mpi.mpiexec, "-n", str(ranks), *rank_argv]
+        notes.append(f"mpiexec: {mpi.mpiexec} ({mpi.mpiexec_source})")
+    else:
+        raise LaunchError(f"launch: unknown launcher {launcher!r}; choose auto, mpiexec or srun")
+    return LaunchPlan(argv, env, launcher, notes)
+
+
+def _kill_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
+    """Run a planned job and return its exit status.
+
+    The job runs in its own process group; when ``timeout`` seconds pass, or the
+    launcher gets SIGINT/SIGTERM, the whole group is killed. A time-out returns 124.
+    """
+    env = {**os.environ, **plan.env}
+    proc = subprocess.Popen(plan.argv, env=env, start_new_session=True)
+    stopped: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        stopped.append(signum)
+        _kill_group(proc, grace=2.0)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return proc.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                sys.stderr.write(
+                    f"hpcpar launch: the job ran past --timeout {timeout:g} s; killing it\n"
+                )
+                _kill_group(proc)
+                return TIMEOUT_EXIT
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if proc.poll() is None:
+            _kill_group(proc)

@@ -1,0 +1,29 @@
+"""Run a Python script as one rank of an MPI job, aborting the job if it raises.
+
+``python -m hpcpar.run script.py args...`` is what ``hpcpar launch -- script.py`` starts
+on every rank.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run ``argv[0]`` as ``__main__`` with the abort-on-error hook installed."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        sys.stderr.write("usage: python -m hpcpar.run script.py [args...]\n")
+        raise SystemExit(2)
+    from .runtime.abort import install_excepthook
+
+    install_excepthook()
+    sys.argv = list(args)
+    runpy.run_path(args[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The library's own communicator, and turning a ``comm=`` argument into one."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from mpi4py import MPI
+
+from ..errors import CommunicatorError
+from .abort import install_excepthook
+
+__all__ = ["default_comm", "resolve_comm", "world_rank_size"]
+
+_lock = threading.Lock()
+_default: MPI.Intracomm | None = None
+
+
+def default_comm() -> MPI.Intracomm:
+    """Return hpcpar's cached duplicate of ``COMM_WORLD``, creating it on first use.
+
+    Library traffic runs on this duplicate so that it never matches the user's own
+    messages. Creating it is collective over ``COMM_WORLD``: every rank must make its
+    first hpcpar call that needs it.
+    """
+    global _default
+    with _lock:
+        if _default is None:
+            install_excepthook()
+            comm = MPI.COMM_WORLD.Dup()
+            comm.Set_name("hpcpar")
+            _default = comm
+        return _default
+
+
+def resolve_comm(comm: Any = None) -> MPI.Intracomm:
+    """Turn a ``comm=`` argument into an intra-communicator.
+
+    Args:
+        comm: ``None`` (hpcpar's default communicator), an ``MPI.Intracomm``, or an
+            object with a ``comm`` attribute holding one (such as a ``Hierarchy``).
+
+    Returns:
+        The communicator to run on.
+
+    Raises:
+        CommunicatorError: ``comm`` is an inter-communicator, null, or not a communicator.
+    """
+    if comm is None:
+        return default_comm()
+    inner = getattr(comm, "comm", None)
+    if isinstance(inner, MPI.Intracomm):
+        comm = inner
+    if isinstance(comm, MPI.Intercomm):
+        raise CommunicatorError("comm= is an inter-communicator; hpcpar needs an intra-communicator")
+    if not isinstance(comm, MPI.Intracomm):
+        raise CommunicatorError(f"comm= must be an MPI.Intracomm or None, not {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise CommunicatorError("comm= is MPI.COMM_NULL")
+    install_excepthook()
+    return comm
+
+
+def world_rank_size() -> tuple[int, int]:
+    """Return (rank, size) in ``COMM_WORLD`` if MPI is running, else from the launcher.
+
+    Never initialises MPI: before ``MPI_Init`` (or when mpi4py was told not to
+    initialise) it reads the rank from the process manager's environment variables.
+    """
+    from .env import launcher_rank_size
+
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    return launcher_rank_size()

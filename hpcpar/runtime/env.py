@@ -1,0 +1,34 @@
+"""What the process manager tells a rank through its environment, read without MPI."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["launcher_rank_size", "env_flag"]
+
+# (rank variable, size variable) of the process managers we know: Hydra/PMI, PMIx,
+# Open MPI, Slurm.
+_RANK_SIZE_VARS = (
+    ("PMI_RANK", "PMI_SIZE"),
+    ("PMIX_RANK", "PMIX_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+)
+
+
+def launcher_rank_size() -> tuple[int, int]:
+    """Return (rank, size) as the process manager set them, or (0, 1) outside a job."""
+    for rank_var, size_var in _RANK_SIZE_VARS:
+        rank = os.environ.get(rank_var)
+        if rank is not None and rank.isdigit():
+            size = os.environ.get(size_var, "")
+            return int(rank), int(size) if size.isdigit() else int(rank) + 1
+    return 0, 1
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """Read a boolean ``HPCPAR_*`` environment variable (1/true/yes/on are true)."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
