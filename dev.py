@@ -78,8 +78,21 @@ def test(pytest_args: list[str]) -> None:
     _run(PY, "-m", "pytest", "--with-mpi", *pytest_args)
     for ranks in RANKS_UNDER_MPI:
         _run(
-            BIN / "hpcpar", "launch", "-n", str(ranks), "--timeout", str(JOB_TIMEOUT_S), "--",
-            "python", "-m", "pytest", "--with-mpi", "-m", "mpi", "-q", *pytest_args,
+            BIN / "hpcpar",
+            "launch",
+            "-n",
+            str(ranks),
+            "--timeout",
+            str(JOB_TIMEOUT_S),
+            "--",
+            "python",
+            "-m",
+            "pytest",
+            "--with-mpi",
+            "-m",
+            "mpi",
+            "-q",
+            *pytest_args,
             env=_mpi_env(),
         )
     _say(f"all tests passed in {time.monotonic() - started:.0f} s")

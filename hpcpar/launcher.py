@@ -69,7 +69,9 @@ def oversubscription_env(vendor: str, ranks: int, cores: int) -> dict[str, str]:
 
 def _rank_command(command: Sequence[str], known_commands: Collection[str]) -> list[str]:
     if not command:
-        raise LaunchError("launch: nothing to run; give a command after --, e.g. 'hpcpar launch -n 4 -- demo'")
+        raise LaunchError(
+            "launch: nothing to run; give a command after --, e.g. 'hpcpar launch -n 4 -- demo'"
+        )
     head, rest = command[0], list(command[1:])
     if head in known_commands:
         return [sys.executable, "-m", "hpcpar", head, *rest]

@@ -9,7 +9,13 @@ import numpy as np
 from .layout import format_ranks
 from .runtime.comm import resolve_comm
 
-__all__ = ["failing_ranks", "assert_all", "assert_allclose_all", "assert_equal_all"]
+__all__ = [
+    "failing_ranks",
+    "assert_all",
+    "assert_allclose_all",
+    "assert_equal_all",
+    "layouts_for",
+]
 
 
 def failing_ranks(ok: bool, comm: Any = None) -> list[int]:
@@ -39,7 +45,7 @@ def _compare(check: Any, actual: Any, desired: Any, **kwargs: Any) -> tuple[bool
 
 
 def _assert_compared(check: Any, actual: Any, desired: Any, comm: Any, **kwargs: Any) -> None:
-    ok, detail = _compare(check, actual, desired, **kwargs)
+    _, detail = _compare(check, actual, desired, **kwargs)
     details = resolve_comm(comm).allgather(detail)
     bad = [r for r, d in enumerate(details) if d]
     if bad:
@@ -58,3 +64,16 @@ def assert_allclose_all(actual: Any, desired: Any, comm: Any = None, **kwargs: A
 def assert_equal_all(actual: Any, desired: Any, comm: Any = None) -> None:
     """``numpy.testing.assert_array_equal`` on every rank, failing on all if any differs."""
     _assert_compared(np.testing.assert_array_equal, actual, desired, comm)
+
+
+def layouts_for(size: int) -> list[str | None]:
+    """Virtual layouts worth testing at ``size`` ranks: even, uneven, round-robin, real.
+
+    ``None`` stands for the real nodes. Every layout returned fits ``size``.
+    """
+    layouts: list[str | None] = [None, "ppn:1", "ppn:2", "ppn:3"]
+    if size >= 2:
+        layouts += ["roundrobin:2", f"nodes:1,{size - 1}", f"nodes:{size - 1},1"]
+    if size >= 3:
+        layouts += ["roundrobin:3", f"nodes:2,{','.join(['1'] * (size - 2))}"]
+    return list(dict.fromkeys(layouts))

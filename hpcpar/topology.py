@@ -158,7 +158,9 @@ class Hierarchy:
         for i in range(self.n_nodes):
             ranks = self.ranks_of_node(i)
             name = self.node_names[i][: max(20, width)]
-            lines.append(f"{i:>4}  {name:<20} {len(ranks):>4}  {ranks[0]:>6}  {format_ranks(ranks)}")
+            lines.append(
+                f"{i:>4}  {name:<20} {len(ranks):>4}  {ranks[0]:>6}  {format_ranks(ranks)}"
+            )
         return "\n".join(lines)
 
     def free(self) -> None:

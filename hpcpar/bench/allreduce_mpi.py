@@ -58,8 +58,13 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         dtype = np.dtype(args.dtype)
     except TypeError:
         raise UsageError(f"bench allreduce-mpi: unknown --dtype {args.dtype!r}") from None
-    return run_sweep(comm, args, f"allreduce-mpi ({dtype.name}, SUM)",
-                                 _variants(comm, dtype), "mpi", _allreduce_bus_factor, dtype.itemsize)
+    return run_sweep(
+        comm,
+        args,
+        _variants(comm, dtype),
+        title=f"allreduce-mpi ({dtype.name}, SUM)",
+        unit=dtype.itemsize,
+    )
 
 
 def _allreduce_bus_factor(ranks: int) -> float:
@@ -67,5 +72,13 @@ def _allreduce_bus_factor(ranks: int) -> float:
     return 2.0 * (ranks - 1) / ranks if ranks > 1 else 1.0
 
 
-register(Benchmark("allreduce-mpi", "MPI library Allreduce vs mpi4py pickle allreduce, 8 B - 64 MiB",
-                   _add_arguments, _run, peer="mpi", bus_factor=_allreduce_bus_factor))
+register(
+    Benchmark(
+        "allreduce-mpi",
+        "MPI library Allreduce vs mpi4py pickle allreduce, 8 B - 64 MiB",
+        _add_arguments,
+        _run,
+        peer="mpi",
+        bus_factor=_allreduce_bus_factor,
+    )
+)

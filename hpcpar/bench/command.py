@@ -14,16 +14,34 @@ __all__ = ["add_common_arguments"]
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every benchmark takes: sizes, repeats, timing and output."""
-    parser.add_argument("--min-size", default="8", metavar="SIZE", help="smallest message (default 8 B)")
-    parser.add_argument("--max-size", default="64MiB", metavar="SIZE", help="largest message (default 64 MiB)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per size; the median is reported (default 5)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed calls before timing (default 2)")
     parser.add_argument(
-        "--min-time", type=float, default=0.05, metavar="S",
+        "--min-size", default="8", metavar="SIZE", help="smallest message (default 8 B)"
+    )
+    parser.add_argument(
+        "--max-size", default="64MiB", metavar="SIZE", help="largest message (default 64 MiB)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="timed repeats per size; the median is reported (default 5)",
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="untimed calls before timing (default 2)"
+    )
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=0.05,
+        metavar="S",
         help="seconds one repeat lasts at least; sets the iteration count (default 0.05)",
     )
-    parser.add_argument("--max-iterations", type=int, default=10000, help="iterations per repeat at most")
-    parser.add_argument("--output", default=None, metavar="PREFIX", help="write PREFIX.json and PREFIX.csv")
+    parser.add_argument(
+        "--max-iterations", type=int, default=10000, help="iterations per repeat at most"
+    )
+    parser.add_argument(
+        "--output", default=None, metavar="PREFIX", help="write PREFIX.json and PREFIX.csv"
+    )
     add_layout_argument(parser)
 
 
@@ -51,10 +69,17 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
         write_csv(f"{args.output}.csv", rows, comm=comm)
     if not all(m.valid for m in measurements):
         if comm.Get_rank() == 0:
-            print("# VALIDATION FAILED for:", ", ".join(
-                f"{m.variant}@{m.size}" for m in measurements if not m.valid), flush=True)
+            print(
+                "# VALIDATION FAILED for:",
+                ", ".join(f"{m.variant}@{m.size}" for m in measurements if not m.valid),
+                flush=True,
+            )
         return 1
     return 0
 
 
-register(Command("bench", "run a benchmark (OSU-style output, validated, vs a peer)", _add_arguments, _run))
+register(
+    Command(
+        "bench", "run a benchmark (OSU-style output, validated, vs a peer)", _add_arguments, _run
+    )
+)

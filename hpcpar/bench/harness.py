@@ -10,13 +10,13 @@ the repeats' averages as the spread. Every variant's result is validated after t
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-import argparse
 from typing import Any
 
 from ..errors import UsageError
@@ -33,8 +33,19 @@ __all__ = [
     "run_sweep",
 ]
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
-          "mb": 1 << 20, "g": 1 << 30, "gib": 1 << 30, "gb": 1 << 30}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kib": 1 << 10,
+    "kb": 1 << 10,
+    "m": 1 << 20,
+    "mib": 1 << 20,
+    "mb": 1 << 20,
+    "g": 1 << 30,
+    "gib": 1 << 30,
+    "gb": 1 << 30,
+}
 
 
 @dataclass(frozen=True)
@@ -78,7 +89,9 @@ def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
-        raise UsageError(f"bad size {text!r}: expected a number with an optional unit (B, KiB, MiB, GiB)")
+        raise UsageError(
+            f"bad size {text!r}: expected a number with an optional unit (B, KiB, MiB, GiB)"
+        )
     return int(match.group(1)) * _UNITS[unit]
 
 
@@ -221,9 +234,17 @@ def _land_op() -> Any:
 
 
 _COLUMNS = (
-    ("Size(B)", 11), ("Variant", 16), ("Avg(us)", 12), ("Min(us)", 12), ("Max(us)", 12),
-    ("Iterations", 10), ("algbw(GB/s)", 11), ("busbw(GB/s)", 11), ("Spread(%)", 9),
-    ("vs_peer", 8), ("Valid", 5),
+    ("Size(B)", 11),
+    ("Variant", 16),
+    ("Avg(us)", 12),
+    ("Min(us)", 12),
+    ("Max(us)", 12),
+    ("Iterations", 10),
+    ("algbw(GB/s)", 11),
+    ("busbw(GB/s)", 11),
+    ("Spread(%)", 9),
+    ("vs_peer", 8),
+    ("Valid", 5),
 )
 
 
@@ -256,22 +277,32 @@ def format_row(m: Measurement) -> str:
     )
 
 
-def run_sweep(comm: Any, args: argparse.Namespace, title: str, variants: list[Variant],
-                          peer: str, bus_factor: Callable[[int], float] | None, unit: int = 1) -> list[Any]:
+def run_sweep(
+    comm: Any, args: argparse.Namespace, variants: list[Variant], *, title: str, unit: int = 1
+) -> list[Any]:
     """Print the OSU header, sweep the sizes printing rows as they finish, return rows.
 
-    Sizes are rounded down to a multiple of ``unit`` (the element size) and repeats
-    dropped; every collective benchmark shares this.
+    The peer and bus factor come from the benchmark named by ``args.benchmark``; the
+    sizes and timing from the options every benchmark shares. Sizes are rounded down
+    to a multiple of ``unit`` (the element size) and repeats dropped.
     """
     from ..runtime.results import mpi_library
+    from .registry import benchmarks
+
+    bench = benchmarks()[args.benchmark]
+    peer, bus_factor = bench.peer, bench.bus_factor
 
     lo, hi = parse_size(args.min_size), parse_size(args.max_size)
     sizes = sorted({s - s % unit for s in size_range(lo, hi) if s - s % unit >= unit or s == 0})
     rank = comm.Get_rank()
     if rank == 0:
-        print(f"# hpcpar bench {title}: {comm.Get_size()} rank(s), layout {args.layout or 'none'}, "
-              f"{format_size(sizes[0]) if sizes else '-'}..{format_size(sizes[-1]) if sizes else '-'}")
-        print(f"# {mpi_library()}; peer: {peer}; {args.repeats} repeats, median; spread = IQR/median")
+        print(
+            f"# hpcpar bench {title}: {comm.Get_size()} rank(s), layout {args.layout or 'none'}, "
+            f"{format_size(sizes[0]) if sizes else '-'}..{format_size(sizes[-1]) if sizes else '-'}"
+        )
+        print(
+            f"# {mpi_library()}; peer: {peer}; {args.repeats} repeats, median; spread = IQR/median"
+        )
         print(format_header(), flush=True)
 
     def show(batch: list[Any]) -> None:
@@ -279,6 +310,15 @@ def run_sweep(comm: Any, args: argparse.Namespace, title: str, variants: list[Va
             for m in batch:
                 print(format_row(m), flush=True)
 
-    return sweep(comm, variants, sizes, peer=peer, repeats=args.repeats, warmup=args.warmup,
-                 min_time=args.min_time, max_iterations=args.max_iterations,
-                 bus_factor=bus_factor, on_size=show)
+    return sweep(
+        comm,
+        variants,
+        sizes,
+        peer=peer,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        min_time=args.min_time,
+        max_iterations=args.max_iterations,
+        bus_factor=bus_factor,
+        on_size=show,
+    )

@@ -14,7 +14,11 @@ __all__: list[str] = []
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add_layout_argument(parser)
     parser.add_argument(
-        "--count", type=int, default=1 << 20, metavar="N", help="elements per rank (default 1048576)"
+        "--count",
+        type=int,
+        default=1 << 20,
+        metavar="N",
+        help="elements per rank (default 1048576)",
     )
     parser.add_argument("--output", default=None, metavar="FILE", help="also write results as JSON")
 
@@ -51,13 +55,32 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
         node_sum = np.empty_like(x)
         h.node.Allreduce(x, node_sum, op=MPI.SUM)
         members = h.ranks_of_node(h.node_index)
-        check(f"allreduce SUM within each of the {h.n_nodes} node(s)", node_sum, base * sum(r + 1 for r in members))
+        check(
+            f"allreduce SUM within each of the {h.n_nodes} node(s)",
+            node_sum,
+            base * sum(r + 1 for r in members),
+        )
         layout = h.layout
     ok = all(c["ok"] for c in checks)
-    say(f"\ndemo {'passed' if ok else 'FAILED'}: {len(checks)} checks on {size} rank(s)", flush=True)
+    say(
+        f"\ndemo {'passed' if ok else 'FAILED'}: {len(checks)} checks on {size} rank(s)", flush=True
+    )
     if args.output:
-        write_json(args.output, {"checks": checks, "passed": ok}, comm=comm, layout=layout, parameters=vars(args))
+        write_json(
+            args.output,
+            {"checks": checks, "passed": ok},
+            comm=comm,
+            layout=layout,
+            parameters=vars(args),
+        )
     return 0 if ok else 1
 
 
-register(Command("demo", "the main job: topology table and collective checks against numpy", _add_arguments, _run))
+register(
+    Command(
+        "demo",
+        "the main job: topology table and collective checks against numpy",
+        _add_arguments,
+        _run,
+    )
+)

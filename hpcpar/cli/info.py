@@ -93,4 +93,6 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-register(Command("info", "show the MPI library, Python stack, GPU and topology", _add_arguments, _run))
+register(
+    Command("info", "show the MPI library, Python stack, GPU and topology", _add_arguments, _run)
+)

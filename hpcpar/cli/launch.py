@@ -22,14 +22,16 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "Environment: HPCPAR_MPIEXEC picks the mpiexec, HPCPAR_LAUNCHER the launcher, "
         "HPCPAR_TIMEOUT the default --timeout."
     )
-    parser.add_argument("-n", "--np", dest="ranks", type=int, required=True, metavar="N", help="number of ranks")
+    parser.add_argument(
+        "-n", "--np", dest="ranks", type=int, required=True, metavar="N", help="number of ranks"
+    )
     add_layout_argument(parser)
     parser.add_argument(
         "--timeout",
         type=float,
         default=None,
         metavar="S",
-        help="kill the whole job after S seconds and exit 124 (default: $HPCPAR_TIMEOUT, else none)",
+        help="kill the whole job after S seconds, exit 124 (default: $HPCPAR_TIMEOUT, else none)",
     )
     parser.add_argument(
         "--launcher",
@@ -37,7 +39,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("HPCPAR_LAUNCHER", "auto"),
         help="auto: srun inside a Slurm allocation, else mpiexec (default: auto)",
     )
-    parser.add_argument("--dry-run", action="store_true", help="print the command and environment, run nothing")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the command and environment, run nothing"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="what every rank runs, after --")
 
 
@@ -48,7 +52,9 @@ def _timeout(args: argparse.Namespace) -> float | None:
         try:
             value = float(os.environ["HPCPAR_TIMEOUT"])
         except ValueError:
-            raise UsageError(f"HPCPAR_TIMEOUT must be a number of seconds, not {os.environ['HPCPAR_TIMEOUT']!r}") from None
+            raise UsageError(
+                f"HPCPAR_TIMEOUT must be a number of seconds, not {os.environ['HPCPAR_TIMEOUT']!r}"
+            ) from None
     else:
         return None
     if value <= 0:

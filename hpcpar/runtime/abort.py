@@ -18,6 +18,7 @@ from .env import env_flag
 __all__ = ["install_excepthook", "abort_job", "format_exception_for_rank"]
 
 _installed = False
+_RUNNER_FILES = ("runpy.py", "<frozen runpy>", "hpcpar/run.py", "hpcpar\\run.py")
 
 
 def format_exception_for_rank(
@@ -29,6 +30,9 @@ def format_exception_for_rank(
 ) -> str:
     """Return the traceback text with a ``[rank/size]`` prefix on every line."""
     prefix = f"[{rank}/{size}] "
+    # Frames of the runner (runpy, hpcpar.run) say nothing about the user's error.
+    while tb is not None and tb.tb_frame.f_code.co_filename.endswith(_RUNNER_FILES):
+        tb = tb.tb_next
     lines = "".join(traceback.format_exception(exc_type, exc, tb)).splitlines()
     return "".join(f"{prefix}{line}\n" for line in lines)
 
@@ -42,9 +46,7 @@ def abort_job(code: int = 1) -> None:
     MPI.COMM_WORLD.Abort(code)
 
 
-def _hook(
-    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
-) -> None:
+def _hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
     # A process that never imported mpi4py.MPI is no MPI rank yet; initialising MPI
     # now would block in MPI_Init's process-manager barrier, so exit the plain way.
     mpi = sys.modules.get("mpi4py.MPI")
@@ -55,7 +57,9 @@ def _hook(
         return
     rank = mpi.COMM_WORLD.Get_rank()
     sys.stderr.write(format_exception_for_rank(exc_type, exc, tb, rank, size))
-    sys.stderr.write(f"[{rank}/{size}] hpcpar: uncaught exception on rank {rank}; aborting the job\n")
+    sys.stderr.write(
+        f"[{rank}/{size}] hpcpar: uncaught exception on rank {rank}; aborting the job\n"
+    )
     abort_job(1)
 
 

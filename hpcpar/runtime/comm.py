@@ -52,9 +52,13 @@ def resolve_comm(comm: Any = None) -> MPI.Intracomm:
     if isinstance(inner, MPI.Intracomm):
         comm = inner
     if isinstance(comm, MPI.Intercomm):
-        raise CommunicatorError("comm= is an inter-communicator; hpcpar needs an intra-communicator")
+        raise CommunicatorError(
+            "comm= is an inter-communicator; hpcpar needs an intra-communicator"
+        )
     if not isinstance(comm, MPI.Intracomm):
-        raise CommunicatorError(f"comm= must be an MPI.Intracomm or None, not {type(comm).__name__}")
+        raise CommunicatorError(
+            f"comm= must be an MPI.Intracomm or None, not {type(comm).__name__}"
+        )
     if comm == MPI.COMM_NULL:
         raise CommunicatorError("comm= is MPI.COMM_NULL")
     install_excepthook()

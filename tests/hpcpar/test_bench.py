@@ -1,0 +1,119 @@
+"""The benchmark harness: sizes, statistics, output format, and a real short sweep."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hpcpar.bench import Variant, format_size, parse_size, size_range, sweep
+from hpcpar.bench.harness import _quartile_spread, format_header, format_row
+from hpcpar.cli.main import main
+from hpcpar.errors import UsageError
+from hpcpar.testing import assert_all
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("8", 8), ("64KiB", 65536), ("1M", 1 << 20), ("2 GiB", 2 << 30), ("3b", 3)]
+)
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+    assert parse_size(format_size(value)) == value
+
+
+@pytest.mark.parametrize("text", ["", "x", "1.5MiB", "12Q", "-4"])
+def test_parse_size_rejects(text):
+    with pytest.raises(UsageError):
+        parse_size(text)
+
+
+def test_size_range():
+    assert size_range(8, 64) == [8, 16, 32, 64]
+    assert size_range(0, 2) == [0, 1, 2]
+    assert size_range(8, 8 << 20)[-1] == 8 << 20
+    with pytest.raises(UsageError):
+        size_range(16, 8)
+
+
+def test_spread_is_the_relative_interquartile_range():
+    assert _quartile_spread([1.0]) == 0.0
+    assert _quartile_spread([1.0, 1.0, 1.0]) == 0.0
+    assert _quartile_spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(100.0 * (4 - 2) / 3)
+
+
+@pytest.mark.mpi
+def test_sweep_measures_validates_and_compares(comm):
+    calls = {"fast": 0}
+
+    def fast(nbytes):
+        data = np.ones(max(1, nbytes // 8))
+
+        def op():
+            calls["fast"] += 1
+            data.sum()
+
+        return op, lambda: True
+
+    def wrong(nbytes):
+        return (lambda: None), (lambda: comm.Get_rank() != 0)
+
+    rows = sweep(
+        comm,
+        [Variant("fast", fast), Variant("wrong", wrong)],
+        [8, 1024],
+        peer="fast",
+        repeats=3,
+        warmup=1,
+        min_time=0.001,
+    )
+    assert [(m.size, m.variant) for m in rows] == [
+        (8, "fast"),
+        (8, "wrong"),
+        (1024, "fast"),
+        (1024, "wrong"),
+    ]
+    by = {(m.size, m.variant): m for m in rows}
+    assert_all(all(by[(s, "fast")].vs_peer == 1.0 for s in (8, 1024)), "peer ratio", comm)
+    assert_all(
+        all(not by[(s, "wrong")].valid for s in (8, 1024)), "validation not collective", comm
+    )
+    assert_all(
+        all(m.min_us <= m.avg_us <= m.max_us and m.iterations >= 1 for m in rows), "stats", comm
+    )
+    # warmup + calibration + repeats * iterations calls per size
+    expected = sum(1 + 1 + 3 * by[(s, "fast")].iterations for s in (8, 1024))
+    assert_all(calls["fast"] == expected, f"call count {calls['fast']} != {expected}", comm)
+    header, row = format_header(), format_row(rows[0])
+    assert header.startswith("#") and "Avg(us)" in header and "busbw(GB/s)" in header
+    assert len(row.split()) == len(header.lstrip("#").split())
+
+
+@pytest.mark.mpi
+def test_allreduce_mpi_benchmark_end_to_end(comm, tmp_path, capsys):
+    prefix = comm.bcast(str(tmp_path / "ar"), root=0)
+    status = main(
+        [
+            "bench",
+            "allreduce-mpi",
+            "--max-size",
+            "256",
+            "--repeats",
+            "2",
+            "--min-time",
+            "0.001",
+            "--output",
+            prefix,
+        ]
+    )
+    assert_all(status == 0, "benchmark failed", comm)
+    if comm.Get_rank() == 0:
+        out = capsys.readouterr().out
+        assert out.startswith("# hpcpar bench allreduce-mpi")
+        doc = json.loads(open(prefix + ".json").read())
+        rows = doc["results"]
+        assert {r["variant"] for r in rows} == {"mpi", "mpi4py-pickle"}
+        assert [r["size"] for r in rows if r["variant"] == "mpi"] == [8, 16, 32, 64, 128, 256]
+        assert all(r["valid"] for r in rows)
+        assert doc["metadata"]["ranks"] == comm.Get_size()
+        assert open(prefix + ".csv").readline().startswith("size,variant,avg_us")

@@ -1,0 +1,160 @@
+"""The command line end to end: real jobs at 1-4 ranks started through ``hpcpar launch``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcpar.cli.main import main
+
+JOB_TIMEOUT = 60
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment minus any process-manager variables of the test process itself."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "HPCPAR_"))
+    }
+    env.update(extra)
+    return env
+
+
+def hpcpar(*args: str, env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT):
+    return subprocess.run(
+        [sys.executable, "-m", "hpcpar", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or clean_env(),
+    )
+
+
+def launch(ranks: int, *command: str, layout: str | None = None, env=None):
+    extra = ["--layout", layout] if layout else []
+    return hpcpar(
+        "launch", "-n", str(ranks), "--timeout", str(JOB_TIMEOUT), *extra, "--", *command, env=env
+    )
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "error:" in line]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["frobnicate"], {}, "invalid choice: 'frobnicate'"),
+        (["demo", "--bogus"], {}, "unrecognized arguments: --bogus"),
+        (["info", "--layout", "ppn:x"], {}, "malformed layout 'ppn:x'"),
+        (["info", "--layout", "nodes:2,1"], {}, "places 3 rank(s) but the job has 4"),
+        (["info"], {"HPCPAR_LAYOUT": "roundrobin:9"}, "has 9 nodes but the job has only 4"),
+        (["bench", "allreduce-mpi", "--max-size", "12Q"], {}, "bad size '12Q'"),
+        (["demo", "--count", "0"], {}, "--count must be at least 1"),
+    ],
+)
+def test_bad_input_exits_2_on_every_rank_with_one_line(tmp_path, args, env, message):
+    # Each rank records its own exit status, so "exit 2 on every rank" is checked per rank.
+    record = f'{sys.executable} -m hpcpar "$@"; echo $? > {tmp_path}/rc.$PMI_RANK'
+    proc = launch(4, "sh", "-c", record, "sh", *args, env=clean_env(**env))
+    statuses = sorted(p.read_text().strip() for p in tmp_path.glob("rc.*"))
+    assert statuses == ["2"] * 4, (statuses, proc.stderr)
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["launch", "-n", "4", "--", "no_such_script.py"], "script not found: no_such_script.py"),
+        (["launch", "-n", "4", "--layout", "nodes:x", "--", "demo"], "malformed layout"),
+        (["launch", "-n", "4", "--layout", "nodes:3", "--", "demo"], "job has 4"),
+        (["launch", "-n", "0", "--", "demo"], "at least 1"),
+        (["launch", "--", "demo"], "-n/--np"),
+        (["launch", "-n", "2", "--timeout", "-1", "--", "demo"], "--timeout must be positive"),
+        (["launch", "-n", "2"], "nothing to run"),
+    ],
+)
+def test_bad_launches(args, message):
+    proc = hpcpar(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_help_is_printed_once(tmp_path):
+    proc = launch(3, "python", "-m", "hpcpar", "--help")
+    assert proc.returncode == 0
+    assert proc.stdout.count("usage: hpcpar") == 1
+    for name in ("info", "demo", "launch", "bench"):
+        assert name in proc.stdout
+
+
+def test_demo_on_uneven_virtual_nodes(tmp_path):
+    out = tmp_path / "demo.json"
+    proc = launch(4, "demo", "--count", "5000", "--output", str(out), layout="nodes:1,3")
+    assert proc.returncode == 0, proc.stderr
+    assert "demo passed" in proc.stdout and "FAILED" not in proc.stdout
+    assert proc.stdout.count("hpcpar topology") == 1
+    doc = json.loads(out.read_text())
+    assert doc["results"]["passed"] is True
+    assert doc["metadata"]["ranks"] == 4 and doc["metadata"]["layout"] == "nodes:1,3"
+
+
+def test_info_in_process(capsys):
+    assert main(["info", "--layout", "ppn:1"]) == 0
+    text = capsys.readouterr().out
+    for key in ("MPI library:", "thread level:", "mpi4py:", "h5py:", "GPU:", "hpcpar topology"):
+        assert key in text
+
+
+def test_one_rank_raising_aborts_the_job(tmp_path):
+    script = tmp_path / "boom.py"
+    script.write_text(
+        "import hpcpar\n"
+        "comm = hpcpar.default_comm()\n"
+        "if comm.Get_rank() == 2:\n"
+        "    raise RuntimeError('boom on rank 2')\n"
+        "comm.Barrier()\n"
+    )
+    started = time.monotonic()
+    proc = launch(4, str(script))
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0
+    assert elapsed < 30, f"the job took {elapsed:.1f} s to die"
+    assert proc.stderr.count("Traceback") == 1, proc.stderr
+    assert "[2/4] RuntimeError: boom on rank 2" in proc.stderr
+
+
+def test_launch_timeout_kills_the_whole_job(tmp_path):
+    script = tmp_path / "sleepy.py"
+    script.write_text("import time, hpcpar\nhpcpar.default_comm().Barrier()\ntime.sleep(600)\n")
+    started = time.monotonic()
+    proc = hpcpar("launch", "-n", "2", "--timeout", "3", "--", str(script))
+    assert proc.returncode == 124
+    assert time.monotonic() - started < 30
+    assert "ran past --timeout 3 s" in proc.stderr
+
+
+def test_launch_dry_run_shows_the_plan():
+    proc = hpcpar("launch", "-n", "8", "--layout", "ppn:4", "--dry-run", "--", "demo")
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    assert "export HPCPAR_LAYOUT=ppn:4" in lines
+    command = lines[-1].split()
+    assert Path(command[0]).name in ("mpiexec", "mpirun") and command[1:3] == ["-n", "8"]
+    assert command[-3:] == ["-m", "hpcpar", "demo"]
+
+
+def test_no_command_is_a_usage_error(capsys):
+    assert main([]) == 2
+    assert "no command given" in capsys.readouterr().err

@@ -1,0 +1,122 @@
+"""Launch planning (pure: a fake MPI installation, no job started)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from hpcpar.errors import LaunchError, LayoutError
+from hpcpar.launcher import oversubscription_env, plan_launch
+from hpcpar.runtime.mpiinfo import MPIInstallation, find_mpi, vendor_of
+
+MPICH = MPIInstallation(
+    "mpich",
+    "MPICH Version: 5.0.2",
+    "/opt/mpich/lib/libmpi.so.12",
+    "/opt/mpich/bin/mpiexec",
+    "next to libmpi",
+)
+OPENMPI = MPIInstallation(
+    "openmpi",
+    "Open MPI v5.0.5",
+    "/opt/ompi/lib/libmpi.so.40",
+    "/opt/ompi/bin/mpiexec",
+    "next to libmpi",
+)
+
+
+def plan(ranks=4, command=("demo",), **kw):
+    kw.setdefault("mpi", MPICH)
+    kw.setdefault("cores", 2)
+    kw.setdefault("environ", {})
+    kw.setdefault("known_commands", {"demo", "info"})
+    return plan_launch(ranks, list(command), **kw)
+
+
+def test_hpcpar_command_runs_through_this_python():
+    p = plan()
+    assert p.argv == ["/opt/mpich/bin/mpiexec", "-n", "4", sys.executable, "-m", "hpcpar", "demo"]
+
+
+def test_oversubscribed_mpich_yields():
+    assert plan(ranks=4, cores=2).env == {
+        "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "true",
+        "MPIR_CVAR_POLLS_BEFORE_YIELD": "1",
+    }
+    assert plan(ranks=2, cores=2).env == {}
+
+
+def test_openmpi_defaults(monkeypatch):
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    env = oversubscription_env("openmpi", 8, 2)
+    assert env["OMPI_MCA_mpi_yield_when_idle"] == "1"
+    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
+    assert env["OMPI_MCA_rmaps_base_oversubscribe"] == "1"
+
+
+def test_script_runs_under_the_abort_runner(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("print('hi')\n")
+    p = plan(command=[str(script), "--flag"])
+    assert p.argv[3:] == [sys.executable, "-m", "hpcpar.run", str(script), "--flag"]
+
+
+def test_python_means_this_python():
+    assert plan(command=["python", "-m", "pytest"]).argv[3:] == [sys.executable, "-m", "pytest"]
+
+
+def test_layout_is_passed_and_checked():
+    assert plan(layout="ppn:2").env["HPCPAR_LAYOUT"] == "ppn:2"
+    with pytest.raises(LayoutError, match="job has 4"):
+        plan(layout="nodes:2,1")
+
+
+def test_srun_inside_slurm(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
+    p = plan(environ={"SLURM_JOB_ID": "12"})
+    assert p.launcher == "srun"
+    assert p.argv[:4] == ["srun", "--ntasks=4", "--mpi=pmi2", "--kill-on-bad-exit=1"]
+    assert plan(environ={"SLURM_JOB_ID": "12"}, mpi=OPENMPI).argv[2] == "--mpi=pmix"
+    assert plan(environ={"SLURM_JOB_ID": "12"}, launcher="mpiexec").launcher == "mpiexec"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ranks": 0}, "at least 1"),
+        ({"command": []}, "nothing to run"),
+        ({"command": ["no_such_script.py"]}, "script not found: no_such_script.py"),
+        ({"command": ["no-such-program-xyz"]}, "command not found"),
+        ({"launcher": "qsub"}, "unknown launcher"),
+        ({"mpi": MPIInstallation("mpich", "v", None, None, "PATH")}, "no mpiexec"),
+    ],
+)
+def test_bad_launches_are_one_line_errors(kwargs, message):
+    with pytest.raises(LaunchError, match=message) as info:
+        plan(**kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_find_mpi_matches_the_loaded_library():
+    mpi = find_mpi()
+    assert mpi.vendor in ("mpich", "openmpi", "intel", "mvapich", "other")
+    assert mpi.mpiexec is not None
+    if mpi.libmpi and mpi.mpiexec_source == "next to libmpi":
+        from pathlib import Path
+
+        assert Path(mpi.mpiexec).parent == Path(mpi.libmpi).resolve().parent.parent / "bin"
+
+
+@pytest.mark.parametrize(
+    ("text", "vendor"),
+    [
+        ("MPICH Version: 5.0.2", "mpich"),
+        ("Open MPI v5.0.5, package", "openmpi"),
+        ("Intel(R) MPI Library 2021.13", "intel"),
+        ("MVAPICH2 Version 2.3", "mvapich"),
+        ("Foo MPI", "other"),
+    ],
+)
+def test_vendor_of(text, vendor):
+    assert vendor_of(text) == vendor
