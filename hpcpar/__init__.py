@@ -14,8 +14,27 @@ from ._version import __version__
 from .errors import CommunicatorError, HpcparError, LaunchError, LayoutError, UsageError
 
 if TYPE_CHECKING:
+    from .collectives import (
+        allgather,
+        allreduce,
+        alltoall,
+        alltoallv,
+        barrier,
+        bcast,
+        iallgather,
+        iallreduce,
+        ialltoall,
+        ialltoallv,
+        ibarrier,
+        ibcast,
+        ireduce,
+        ireduce_scatter,
+        reduce,
+        reduce_scatter,
+    )
     from .runtime.comm import default_comm
     from .topology import Hierarchy
+
 
 __all__ = [
     "__version__",
@@ -26,16 +45,47 @@ __all__ = [
     "CommunicatorError",
     "Hierarchy",
     "default_comm",
+    "allreduce",
+    "reduce",
+    "bcast",
+    "allgather",
+    "reduce_scatter",
+    "alltoall",
+    "alltoallv",
+    "barrier",
+    "iallreduce",
+    "ireduce",
+    "ibcast",
+    "iallgather",
+    "ireduce_scatter",
+    "ialltoall",
+    "ialltoallv",
+    "ibarrier",
 ]
+
+# Subpackages reachable as attributes (``hpcpar.collectives``) without an explicit import.
+_SUBPACKAGES = (
+    "collectives",
+    "topology",
+    "layout",
+    "testing",
+    "runtime",
+    "bench",
+    "checkpoint",
+    "apps",
+)
 
 # Public name -> module that defines it; resolved by __getattr__ on first access.
 _LAZY = {
     "Hierarchy": "hpcpar.topology",
     "default_comm": "hpcpar.runtime.comm",
+    **{name: "hpcpar.collectives" for name in __all__[8:]},
 }
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"hpcpar.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'hpcpar' has no attribute {name!r}")

@@ -1,0 +1,103 @@
+"""Recursive doubling: log2(p) exchange steps, for small messages; any p, rank order kept.
+
+Non-power-of-two sizes fold the first 2*rem ranks in pairs (the even one hands its data
+to the odd one and waits), run on the remaining power of two, then unfold. Each
+surviving rank stands for a contiguous block of ranks, and partners are combined lower
+block first, so non-commutative ops are reduced in rank order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .channel import Channel, combine, offsets
+from .schedule import Schedule
+
+__all__ = ["fold", "unfold", "real_rank", "allreduce", "allgather"]
+
+
+def fold(p: int) -> tuple[int, int]:
+    """Return (largest power of two <= p, number of folded pairs)."""
+    pof2 = 1 << (p.bit_length() - 1)
+    return pof2, p - pof2
+
+
+def real_rank(newrank: int, rem: int) -> int:
+    """The rank that stands for ``newrank`` after folding ``rem`` pairs."""
+    return newrank * 2 + 1 if newrank < rem else newrank + rem
+
+
+def new_rank(rank: int, rem: int) -> int:
+    """This rank's place among the survivors, or -1 if it was folded away."""
+    if rank < 2 * rem:
+        return rank // 2 if rank % 2 else -1
+    return rank - rem
+
+
+def allreduce(ch: Channel, buf: np.ndarray, op: object) -> Schedule:
+    """Reduce ``buf`` over all ranks of ``ch`` in place."""
+    p, r = ch.size, ch.rank
+    if p == 1:
+        return
+    pof2, rem = fold(p)
+    tmp = np.empty_like(buf)
+    if r < 2 * rem:
+        if r % 2 == 0:
+            yield ch.isend(buf, r + 1)
+        else:
+            yield ch.irecv(tmp, r - 1)
+            combine(ch, op, tmp, buf, buf)
+    me = new_rank(r, rem)
+    if me >= 0:
+        mask = 1
+        while mask < pof2:
+            peer = real_rank(me ^ mask, rem)
+            yield ch.exchange(buf, tmp, peer)
+            if peer < r:
+                combine(ch, op, tmp, buf, buf)
+            else:
+                combine(ch, op, buf, tmp, buf)
+            mask <<= 1
+    yield from unfold(ch, buf, rem)
+
+
+def unfold(ch: Channel, buf: np.ndarray, rem: int) -> Schedule:
+    """Hand the result back to the ranks folded away at the start."""
+    r = ch.rank
+    if r < 2 * rem:
+        yield ch.isend(buf, r - 1) if r % 2 else ch.irecv(buf, r + 1)
+
+
+def allgather(ch: Channel, buf: np.ndarray, counts: list[int]) -> Schedule:
+    """Fill every rank's block of ``buf`` (laid out by ``counts`` in rank order)."""
+    p, r = ch.size, ch.rank
+    if p == 1:
+        return
+    pof2, rem = fold(p)
+    starts = offsets(counts)
+
+    def span(first_new: int, last_new: int) -> slice:
+        # Survivors first_new..last_new stand for a contiguous run of ranks.
+        lo = first_new * 2 if first_new < rem else first_new + rem
+        hi = real_rank(last_new, rem)
+        return slice(starts[lo], starts[hi + 1])
+
+    if r < 2 * rem:  # fold: the even rank's block travels with its odd partner
+        block = buf[starts[r] : starts[r + 1]]
+        yield (
+            ch.isend(block, r + 1)
+            if r % 2 == 0
+            else ch.irecv(buf[starts[r - 1] : starts[r]], r - 1)
+        )
+    me = new_rank(r, rem)
+    if me >= 0:
+        mask = 1
+        while mask < pof2:
+            mine_lo = me & ~(mask - 1)
+            peer_lo = mine_lo ^ mask
+            peer = real_rank(me ^ mask, rem)
+            yield ch.irecv(buf[span(peer_lo, peer_lo + mask - 1)], peer) + ch.isend(
+                buf[span(mine_lo, mine_lo + mask - 1)], peer
+            )
+            mask <<= 1
+    yield from unfold(ch, buf, rem)

@@ -1,0 +1,62 @@
+"""Choosing an algorithm: validate an explicit choice, or pick one for ``"auto"``.
+
+``auto`` honours ``HPCPAR_ALGORITHM_<COLLECTIVE>`` (for example
+``HPCPAR_ALGORITHM_ALLREDUCE=ring``), then falls back to the MPI library's own call,
+which is the fastest measured on a single host (BENCHMARKS.md). A calibrated cost
+model replaces that fallback when it lands; the choice is always one that is correct
+for the op (rank order kept for non-commutative ops).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .algorithms import ALGORITHMS, ORDER_CONTIGUOUS, ORDER_NONE, Algorithm
+from .errors import CollectiveError
+from .ops import ReduceOp
+from .state import CommState
+
+__all__ = ["choose", "valid_for"]
+
+
+def valid_for(algorithm: Algorithm, op: ReduceOp | None, state: CommState) -> str | None:
+    """Why ``algorithm`` cannot reduce with ``op`` on this layout, or None if it can."""
+    if op is None or op.commutative:
+        return None
+    if algorithm.order == ORDER_NONE:
+        return f"it reorders operands, and op {op.name} is not commutative"
+    if algorithm.order == ORDER_CONTIGUOUS and not state.contiguous:
+        return (
+            f"op {op.name} is not commutative and the nodes do not hold contiguous "
+            "runs of ranks, so the node-by-node order is not rank order"
+        )
+    return None
+
+
+def choose(
+    collective: str, algorithm: str, op: ReduceOp | None, state: CommState
+) -> tuple[Algorithm, str]:
+    """Return the algorithm to run and the reason it was chosen.
+
+    Raises:
+        CollectiveError: unknown algorithm (the message lists the valid ones), or one
+            that would give a wrong result for a non-commutative op.
+    """
+    table = ALGORITHMS[collective]
+    reason = f"algorithm={algorithm!r} was requested"
+    if algorithm == "auto":
+        env = os.environ.get(f"HPCPAR_ALGORITHM_{collective.upper()}")
+        if env:
+            algorithm, reason = env, f"HPCPAR_ALGORITHM_{collective.upper()}={env}"
+        else:
+            return table["mpi"], "auto: the MPI library's own call (no cost model calibrated yet)"
+    if algorithm not in table:
+        names = ", ".join(["auto", *table])
+        raise CollectiveError(
+            f"{collective}: unknown algorithm {algorithm!r}; choose one of {names}"
+        )
+    chosen = table[algorithm]
+    why_not = valid_for(chosen, op, state)
+    if why_not:
+        raise CollectiveError(f"{collective}: algorithm {algorithm!r} cannot be used: {why_not}")
+    return chosen, reason

@@ -1,0 +1,96 @@
+"""What hpcpar keeps per user communicator: a private duplicate, its hierarchy, tags.
+
+The state is cached on the user's communicator with MPI attribute caching, so it is
+created once (collectively, on the first collective call) and freed with it. All of
+hpcpar's messages run on the private duplicate and the hierarchy's communicators, so
+they never match the user's own messages on the same communicator.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from mpi4py import MPI
+
+from ..runtime.comm import default_comm, resolve_comm
+from ..topology import Hierarchy
+from .channel import Channel, CollectiveStats
+
+__all__ = ["CommState", "state_for", "TAGS_PER_CALL"]
+
+TAGS_PER_CALL = 8  # sub-schedules of one call that run side by side use tag + 0..7
+_KEYVAL: int | None = None
+
+
+class CommState:
+    """The private communicator, hierarchy and tag sequence behind one user communicator."""
+
+    def __init__(self, comm: MPI.Intracomm, layout: str | None) -> None:
+        self.private = comm if comm is default_comm() else comm.Dup()
+        self.hierarchy = Hierarchy(self.private, layout=layout)
+        h = self.hierarchy
+        self.size = self.private.Get_size()
+        self.rank = self.private.Get_rank()
+        self.node_of = list(h.node_of)
+        self.node_ranks = [h.ranks_of_node(i) for i in range(h.n_nodes)]
+        self.leader_ranks = [ranks[0] for ranks in self.node_ranks]
+        self.rail_ranks = [
+            ranks[h.local_rank] for ranks in self.node_ranks if len(ranks) > h.local_rank
+        ]
+        self.contiguous = self.node_of == sorted(self.node_of)
+        tag_ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767
+        self._tag_slots = max(1, (min(int(tag_ub), 1 << 30) - 1) // TAGS_PER_CALL)
+        self._sequence = 0
+
+    def next_tag(self) -> int:
+        """The base tag of the next collective call (every rank calls in the same order)."""
+        tag = 1 + (self._sequence % self._tag_slots) * TAGS_PER_CALL
+        self._sequence += 1
+        return tag
+
+    def channels(self, tag: int, stats: CollectiveStats) -> dict[str, Channel | None]:
+        """Counted channels on the flat, node, leader and rail communicators for one call."""
+        h = self.hierarchy
+        node = [self.node_of[self.rank]] * h.local_size
+        return {
+            "flat": Channel(self.private, self.node_of, tag, stats),
+            "node": Channel(h.node, node, tag, stats),
+            "leaders": Channel(h.leaders, list(range(h.n_nodes)), tag, stats)
+            if h.leaders
+            else None,
+            "rail": Channel(h.rail, [self.node_of[r] for r in self.rail_ranks], tag, stats),
+        }
+
+    def free(self) -> None:
+        """Free the hierarchy and the private duplicate."""
+        self.hierarchy.free()
+        if self.private is not default_comm():
+            self.private.Free()
+
+
+def _delete(comm: Any, keyval: int, value: Any) -> None:
+    for state in value.values():
+        state.free()
+
+
+def state_for(comm: Any) -> CommState:
+    """Return the cached state for ``comm`` (None, a communicator or a Hierarchy).
+
+    Collective the first time for each communicator and layout.
+    """
+    global _KEYVAL
+    if isinstance(comm, Hierarchy):
+        base, layout = comm.comm, comm.layout
+    else:
+        base, layout = resolve_comm(comm), os.environ.get("HPCPAR_LAYOUT") or None
+    if _KEYVAL is None:
+        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete)
+    cache = base.Get_attr(_KEYVAL)
+    if cache is None:
+        cache = {}
+        base.Set_attr(_KEYVAL, cache)
+    key = layout or ""
+    if key not in cache:
+        cache[key] = CommState(base, layout)
+    return cache[key]
