@@ -76,10 +76,15 @@ class _Lockstep:
         failed = [r for r, s in enumerate(statuses) if s == _FAILED]
         skipped = [r for r, s in enumerate(statuses) if s == _SKIPPED]
         if failed:
-            detail = "\n".join(
-                f"---- rank {r} ----\n{texts[r]}" for r in failed if r != _RANK or mine != _FAILED
-            )
+            # Identical failures (the usual case for a collective assertion) print once.
             own = report.longreprtext if mine == _FAILED else ""
+            groups: dict[str, list[int]] = {}
+            for r in failed:
+                if texts[r] != own:
+                    groups.setdefault(texts[r], []).append(r)
+            detail = "\n".join(
+                f"---- rank(s) {ranks} ----\n{text}" for text, ranks in groups.items()
+            )
             report.outcome = "failed"
             report.longrepr = f"{own}\nfailed on rank(s) {failed} of {_SIZE}\n{detail}".strip()
         elif skipped and len(skipped) < _SIZE:

@@ -245,14 +245,16 @@ def _prepare_bcast(x: Any, root: int, out: Any, comm: Any, algorithm: str) -> _P
     data = host_array(x)
     state = state_for(comm)
     root = _root(root, state.size, "bcast")
+    at_root = state.rank == root
     target = out
-    if target is None and state.rank != root:
-        if isinstance(x, np.ndarray) and not x.flags.writeable:
-            raise CollectiveError("bcast: x is read-only on a receiving rank; pass out=")
-        target = x  # MPI semantics: receiving ranks' x is filled in place
-    work, deliver = result_buffer(
-        data if state.rank == root else None, data.shape, data.dtype, target
-    )
+    if target is None and isinstance(x, np.ndarray) and (not at_root or x.flags.writeable):
+        # MPI semantics: x is the buffer, filled in place on the receiving ranks (some
+        # algorithms also pass the root's own blocks back through it: same values).
+        target = x
+    if target is x and not at_root and not x.flags.writeable:
+        raise CollectiveError("bcast: x is read-only on a receiving rank; pass out=")
+    source = data if at_root else None
+    work, deliver = result_buffer(source, data.shape, data.dtype, target)
     chosen, call = _begin(
         "bcast",
         comm,
@@ -263,9 +265,8 @@ def _prepare_bcast(x: Any, root: int, out: Any, comm: Any, algorithm: str) -> _P
         dtype=data.dtype.str,
         root=root,
     )
-    return _Pending(
-        "ibcast", chosen.run(call, work, root), _finisher(call, _on_device(x, target, deliver))
-    )
+    result = _on_device(x, target, deliver)
+    return _Pending("ibcast", chosen.run(call, work, root), _finisher(call, result))
 
 
 def bcast(

@@ -31,11 +31,12 @@ from .call import Call
 from .ops import ReduceOp, resolve_op
 from .schedule import Schedule
 
-__all__ = ["allreduce", "is_exact", "LIMB_BITS"]
+__all__ = ["allreduce", "is_exact", "grid_exponent", "split_limbs", "join_limbs", "LIMB_BITS"]
 
 LIMB_BITS = 40
 _EXACT_OPS_ON_FLOATS = {"MIN", "MAX", "LAND", "LOR", "LXOR"}
 _POSINF, _NEGINF, _NAN = 1, 2, 4
+_ZERO_EXPONENT = -1100  # below the smallest subnormal's exponent (-1074)
 
 
 def is_exact(op: ReduceOp, dtype: np.dtype) -> bool:
@@ -65,6 +66,14 @@ def _run_exact(call: Call, algorithm: Algorithm, data: np.ndarray, mpi_op: MPI.O
     yield from algorithm.run(call, data, resolve_op(mpi_op, data.dtype))
 
 
+def grid_exponent(values: np.ndarray) -> np.ndarray:
+    """Per element, E with |value| < 2^E; zeros get one below every float's, so that
+    ranks contributing zeros never move the grid."""
+    exponent = np.frexp(values)[1].astype(np.int32)
+    exponent[values == 0] = _ZERO_EXPONENT
+    return exponent
+
+
 def split_limbs(values: np.ndarray, exponent: np.ndarray) -> np.ndarray:
     """Cut float64 ``values`` into [hi, lo] int64 limbs on the grid set by ``exponent``."""
     hi = np.rint(np.ldexp(values, LIMB_BITS - exponent))
@@ -92,7 +101,7 @@ def _binned_sum(call: Call, algorithm: Algorithm, buf: np.ndarray) -> Schedule:
     flags = np.where(np.isnan(values), _NAN, 0) | np.where(values == np.inf, _POSINF, 0)
     flags = (flags | np.where(values == -np.inf, _NEGINF, 0)).astype(np.int8)
     values[~finite] = 0.0
-    exponent = np.frexp(values)[1].astype(np.int32)  # |value| < 2^exponent
+    exponent = grid_exponent(values)
     yield from _run_exact(call, algorithm, exponent, MPI.MAX)
     yield from _run_exact(call, algorithm, flags, MPI.BOR)
     limbs = split_limbs(values, exponent)

@@ -11,7 +11,8 @@ side with ``concurrently`` (pipelining).
 
 from __future__ import annotations
 
-import traceback
+import os
+import sys
 import warnings
 from collections.abc import Callable, Generator, Iterable
 from typing import Any
@@ -60,6 +61,17 @@ def concurrently(*schedules: Schedule) -> Schedule:
         yield [r for reqs in pending for r in reqs]
 
 
+def _caller() -> str:
+    """Where user code started the collective: the first frame outside this package."""
+    frame = sys._getframe(1)
+    here = os.path.dirname(__file__)
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == here:
+        frame = frame.f_back
+    if frame is None:
+        return "unknown"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
 class CollectiveRequest:
     """The handle a nonblocking collective returns.
 
@@ -76,7 +88,7 @@ class CollectiveRequest:
         self._waiting: list[MPI.Request] = []
         self._result: Any = None
         self._done = False
-        self._origin = "".join(traceback.format_stack(limit=4)[:-2]).strip()
+        self._origin = _caller()
         self._advance()
 
     def _advance(self) -> bool:
@@ -112,7 +124,7 @@ class CollectiveRequest:
         if not getattr(self, "_done", True):
             warnings.warn(
                 f"hpcpar: {self.name} request dropped before completion; call wait() on it. "
-                f"Started at:\n{self._origin}",
+                f"Started at {self._origin}",
                 PendingRequestWarning,
                 stacklevel=2,
             )

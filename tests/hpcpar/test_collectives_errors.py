@@ -1,0 +1,92 @@
+"""Bad input to collectives: one clear error on every rank, never a hang."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from collective_cases import affine, contribution
+from mpi4py import MPI
+
+import hpcpar
+from hpcpar.collectives import CollectiveError, CollectiveMismatchError, OpError
+from hpcpar.testing import assert_all
+
+pytestmark = pytest.mark.mpi
+
+
+def test_unknown_algorithm_lists_the_valid_ones(comm):
+    with pytest.raises(CollectiveError) as info:
+        hpcpar.allreduce(np.ones(3), algorithm="butterfly")
+    message = str(info.value)
+    assert "'butterfly'" in message and "ring" in message and "rabenseifner" in message
+    with pytest.raises(CollectiveError, match="scatter_allgather"):
+        hpcpar.bcast(np.ones(3), algorithm="ring")
+
+
+def test_non_commutative_op_refuses_reordering_algorithms(comm):
+    x = contribution(comm.Get_rank(), 4, [("m", "f8"), ("c", "f8")])
+    for algorithm in ("ring", "multi_leader"):
+        with pytest.raises(CollectiveError, match="not commutative"):
+            hpcpar.allreduce(x, affine, algorithm=algorithm)
+
+
+def test_non_commutative_with_roundrobin_layout(comm):
+    if comm.Get_size() < 3:
+        pytest.skip("a round-robin layout is contiguous below 3 ranks")
+    h = hpcpar.Hierarchy(comm, layout="roundrobin:2")
+    x = contribution(comm.Get_rank(), 4, [("m", "f8"), ("c", "f8")])
+    with pytest.raises(CollectiveError, match="contiguous runs of ranks"):
+        hpcpar.allreduce(x, affine, comm=h, algorithm="two_level")
+    h.free()
+
+
+@pytest.mark.parametrize("root", [-1, 99, 1.5, "0"])
+def test_bad_root(comm, root):
+    with pytest.raises(CollectiveError, match="root must be a rank"):
+        hpcpar.bcast(np.ones(2), root)
+    with pytest.raises(CollectiveError, match="root must be a rank"):
+        hpcpar.reduce(np.ones(2), root)
+
+
+def test_bad_buffers_and_counts(comm):
+    size = comm.Get_size()
+    with pytest.raises(CollectiveError, match="shape"):
+        hpcpar.allreduce(np.ones(3), out=np.ones(4))
+    with pytest.raises(CollectiveError, match="dtype"):
+        hpcpar.allreduce(np.ones(3), out=np.ones(3, dtype=np.float32))
+    frozen = np.ones(3)
+    frozen.flags.writeable = False
+    with pytest.raises(CollectiveError, match="read-only"):
+        hpcpar.allreduce(np.ones(3), out=frozen)
+    with pytest.raises(CollectiveError, match="object"):
+        hpcpar.allreduce(np.array([object()]))
+    with pytest.raises(CollectiveError, match="add up to"):
+        hpcpar.reduce_scatter(np.ones(5), counts=[1] * size)
+    with pytest.raises(CollectiveError, match="non-negative"):
+        hpcpar.alltoallv(np.ones(2), [-1] + [0] * (size - 1))
+    if size > 1:  # at one rank every size is a multiple of the rank count
+        with pytest.raises(CollectiveError, match="multiple"):
+            hpcpar.alltoall(np.ones(size + 1))
+    with pytest.raises(OpError, match="integer or bool"):
+        hpcpar.allreduce(np.ones(3), MPI.BAND)
+    with pytest.raises(OpError, match="complex"):
+        hpcpar.allreduce(np.ones(3, complex), MPI.MAX)
+
+
+def test_check_mode_names_the_ranks_that_differ(comm, monkeypatch):
+    if comm.Get_size() < 2:
+        pytest.skip("needs two ranks to disagree")
+    monkeypatch.setenv("HPCPAR_CHECK", "1")
+    rank = comm.Get_rank()
+    with pytest.raises(
+        CollectiveMismatchError, match=r"different count: 4 on rank\(s\) 0; 5 on rank"
+    ):
+        hpcpar.allreduce(np.ones(4 if rank == 0 else 5))
+    with pytest.raises(CollectiveMismatchError, match="different root"):
+        hpcpar.bcast(np.ones(2), root=0 if rank else 1)
+    with pytest.raises(CollectiveMismatchError, match="different dtype"):
+        hpcpar.allreduce(np.ones(2, dtype=np.float32 if rank else np.float64))
+    with pytest.raises(CollectiveMismatchError, match="different op"):
+        hpcpar.allreduce(np.ones(2), MPI.SUM if rank else MPI.MAX)
+    # and a correct call still works with checking on
+    assert_all(hpcpar.allreduce(np.ones(2))[0] == comm.Get_size(), "checked call", comm)
