@@ -67,8 +67,11 @@ def _run_exact(call: Call, algorithm: Algorithm, data: np.ndarray, mpi_op: MPI.O
 
 
 def grid_exponent(values: np.ndarray) -> np.ndarray:
-    """Per element, E with |value| < 2^E; zeros get one below every float's, so that
-    ranks contributing zeros never move the grid."""
+    """Per element, E with |value| < 2^E.
+
+    Zeros get an exponent below every float's, so ranks contributing zeros never move
+    the grid.
+    """
     exponent = np.frexp(values)[1].astype(np.int32)
     exponent[values == 0] = _ZERO_EXPONENT
     return exponent
