@@ -10,7 +10,7 @@ from typing import Any
 
 __all__ = ["Benchmark", "register", "benchmarks", "BUILTIN_MODULES"]
 
-BUILTIN_MODULES = ("hpcpar.bench.allreduce_mpi",)
+BUILTIN_MODULES = ("hpcpar.bench.allreduce_mpi", "hpcpar.bench.collectives")
 
 
 @dataclass(frozen=True)

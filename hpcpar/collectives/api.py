@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from . import mpi_library
 from . import reproducible as repro
 from .buffers import check_out, host_array, result_buffer, to_device_like
 from .call import open_call
@@ -23,6 +24,7 @@ from .errors import CollectiveError
 from .ops import ReduceOp, resolve_op
 from .schedule import CollectiveRequest, Schedule, run
 from .select import choose
+from .state import fast_state as _fast_state
 from .state import state_for
 
 __all__ = [
@@ -60,16 +62,24 @@ class _Pending:
     finish: Callable[[Any], Any]
 
 
-def _complete(pending: _Pending) -> Any:
+def _complete(prepare: Callable[..., _Pending], *args: Any) -> Any:
+    pending = prepare(*args, blocking=True)
     return pending.finish(run(pending.schedule))
 
 
-def _request(pending: _Pending) -> CollectiveRequest:
+def _request(prepare: Callable[..., _Pending], *args: Any) -> CollectiveRequest:
+    pending = prepare(*args, blocking=False)
     return CollectiveRequest(pending.name, pending.schedule, pending.finish)
 
 
 def _begin(
-    collective: str, comm: Any, algorithm: str, op: ReduceOp | None, nbytes: int, **check: Any
+    collective: str,
+    comm: Any,
+    algorithm: str,
+    op: ReduceOp | None,
+    nbytes: int,
+    blocking: bool,
+    **check: Any,
 ) -> tuple[Any, Any]:
     """Check arguments across ranks (HPCPAR_CHECK), choose the algorithm, open the call."""
     state = state_for(comm)
@@ -78,7 +88,7 @@ def _begin(
             state.private, collective, algorithm=algorithm, op=op.name if op else None, **check
         )
     chosen, reason = choose(collective, algorithm, op, state)
-    call = open_call(state, collective, chosen.name, nbytes)
+    call = open_call(state, collective, chosen.name, nbytes, blocking)
     call.stats.steps.append(reason)
     return chosen, call
 
@@ -101,7 +111,7 @@ def _root(root: int, size: int, collective: str) -> int:
 
 
 def _prepare_allreduce(
-    x: Any, op: Any, out: Any, comm: Any, algorithm: str, reproducible: bool
+    x: Any, op: Any, out: Any, comm: Any, algorithm: str, reproducible: bool, blocking: bool = True
 ) -> _Pending:
     data = host_array(x)
     rop = resolve_op(op, data.dtype)
@@ -112,6 +122,7 @@ def _prepare_allreduce(
         algorithm,
         rop,
         work.nbytes,
+        blocking,
         count=data.size,
         dtype=data.dtype.str,
         reproducible=bool(reproducible),
@@ -127,6 +138,39 @@ def _on_device(x: Any, out: Any, deliver: Callable[[], Any]) -> Callable[[], Any
     if out is not None:
         return deliver
     return lambda: to_device_like(x, deliver())
+
+
+def _fast_allreduce(x: Any, op: Any, out: Any, comm: Any, algorithm: str) -> Any:
+    """The MPI library's blocking Allreduce with as little Python as possible, or None.
+
+    Taken only when the general path would do exactly this: numpy arrays, a predefined
+    op on a native dtype, the ``mpi`` algorithm, no checks. It still takes a tag from
+    the sequence, so every rank's sequence stays the same whichever path it took.
+    """
+    state = _fast_state(comm)
+    if state is None or type(x) is not np.ndarray or not isinstance(op, MPI.Op) or checking():
+        return None
+    if algorithm != "mpi" and (
+        algorithm != "auto" or choose("allreduce", "auto", None, state)[0].name != "mpi"
+    ):
+        return None
+    rop = resolve_op(op, x.dtype)
+    if not mpi_library.is_native(rop, x.dtype) or not x.flags.c_contiguous:
+        return None
+    if out is None:
+        out = np.empty_like(x)
+    usable = type(out) is np.ndarray and out.shape == x.shape and out.dtype == x.dtype
+    if not (usable and out.flags.c_contiguous and out.flags.writeable):
+        return None
+    state.next_tag()
+    if out is x:
+        state.private.Allreduce(MPI.IN_PLACE, out, rop.mpi_op)
+    else:
+        state.private.Allreduce(x, out, rop.mpi_op)
+    stats = CollectiveStats("allreduce", "mpi", x.nbytes)
+    stats.inside_mpi = True
+    _last[0] = stats
+    return out
 
 
 def allreduce(
@@ -153,7 +197,11 @@ def allreduce(
     Returns:
         The reduced array (``out`` when given).
     """
-    return _complete(_prepare_allreduce(x, op, out, comm, algorithm, reproducible))
+    if not reproducible:
+        result = _fast_allreduce(x, op, out, comm, algorithm)
+        if result is not None:
+            return result
+    return _complete(_prepare_allreduce, x, op, out, comm, algorithm, reproducible)
 
 
 def iallreduce(
@@ -170,14 +218,21 @@ def iallreduce(
     ``x`` is copied when the call starts, so it may change at once; ``out`` must not be
     touched until the request completes.
     """
-    return _request(_prepare_allreduce(x, op, out, comm, algorithm, reproducible))
+    return _request(_prepare_allreduce, x, op, out, comm, algorithm, reproducible)
 
 
 # ---- reduce ----------------------------------------------------------------------------
 
 
 def _prepare_reduce(
-    x: Any, root: int, op: Any, out: Any, comm: Any, algorithm: str, reproducible: bool
+    x: Any,
+    root: int,
+    op: Any,
+    out: Any,
+    comm: Any,
+    algorithm: str,
+    reproducible: bool,
+    blocking: bool = True,
 ) -> _Pending:
     data = host_array(x)
     rop = resolve_op(op, data.dtype)
@@ -192,6 +247,7 @@ def _prepare_reduce(
         algorithm,
         rop,
         work.nbytes,
+        blocking,
         count=data.size,
         dtype=data.dtype.str,
         root=root,
@@ -221,7 +277,7 @@ def reduce(
         The result on ``root`` (``out`` when given), ``None`` on the other ranks. With
         ``reproducible=True`` it runs as a reproducible allreduce (same bits as there).
     """
-    return _complete(_prepare_reduce(x, root, op, out, comm, algorithm, reproducible))
+    return _complete(_prepare_reduce, x, root, op, out, comm, algorithm, reproducible)
 
 
 def ireduce(
@@ -235,13 +291,15 @@ def ireduce(
     reproducible: bool = False,
 ) -> CollectiveRequest:
     """Nonblocking ``reduce``."""
-    return _request(_prepare_reduce(x, root, op, out, comm, algorithm, reproducible))
+    return _request(_prepare_reduce, x, root, op, out, comm, algorithm, reproducible)
 
 
 # ---- bcast -----------------------------------------------------------------------------
 
 
-def _prepare_bcast(x: Any, root: int, out: Any, comm: Any, algorithm: str) -> _Pending:
+def _prepare_bcast(
+    x: Any, root: int, out: Any, comm: Any, algorithm: str, blocking: bool = True
+) -> _Pending:
     data = host_array(x)
     state = state_for(comm)
     root = _root(root, state.size, "bcast")
@@ -261,6 +319,7 @@ def _prepare_bcast(x: Any, root: int, out: Any, comm: Any, algorithm: str) -> _P
         algorithm,
         None,
         work.nbytes,
+        blocking,
         count=data.size,
         dtype=data.dtype.str,
         root=root,
@@ -277,14 +336,14 @@ def bcast(
     On the other ranks ``x`` is the receive buffer (same shape and dtype) and is filled
     in place, as in MPI, unless ``out`` is given. Returns the broadcast array.
     """
-    return _complete(_prepare_bcast(x, root, out, comm, algorithm))
+    return _complete(_prepare_bcast, x, root, out, comm, algorithm)
 
 
 def ibcast(
     x: Any, root: int = 0, *, out: Any = None, comm: Any = None, algorithm: str = "auto"
 ) -> CollectiveRequest:
     """Nonblocking ``bcast``."""
-    return _request(_prepare_bcast(x, root, out, comm, algorithm))
+    return _request(_prepare_bcast, x, root, out, comm, algorithm)
 
 
 # ---- allgather -------------------------------------------------------------------------
@@ -306,7 +365,9 @@ def _counts(counts: Any, size: int, collective: str, total: int | None = None) -
     return values
 
 
-def _prepare_allgather(x: Any, out: Any, counts: Any, comm: Any, algorithm: str) -> _Pending:
+def _prepare_allgather(
+    x: Any, out: Any, counts: Any, comm: Any, algorithm: str, blocking: bool = True
+) -> _Pending:
     data = host_array(x)
     state = state_for(comm)
     p, r = state.size, state.rank
@@ -323,7 +384,14 @@ def _prepare_allgather(x: Any, out: Any, counts: Any, comm: Any, algorithm: str)
     start = sum(sizes[:r])
     work[start : start + data.size] = data.reshape(-1)
     chosen, call = _begin(
-        "allgather", comm, algorithm, None, data.nbytes, counts=sizes, dtype=data.dtype.str
+        "allgather",
+        comm,
+        algorithm,
+        None,
+        data.nbytes,
+        blocking,
+        counts=sizes,
+        dtype=data.dtype.str,
     )
     return _Pending(
         "iallgather", chosen.run(call, work, sizes), _finisher(call, _on_device(x, out, deliver))
@@ -339,21 +407,28 @@ def allgather(
         Without ``counts``: an array of shape ``(size, *x.shape)`` (all ranks pass the
         same shape). With ``counts`` (elements per rank): the 1-D concatenation.
     """
-    return _complete(_prepare_allgather(x, out, counts, comm, algorithm))
+    return _complete(_prepare_allgather, x, out, counts, comm, algorithm)
 
 
 def iallgather(
     x: Any, *, out: Any = None, counts: Any = None, comm: Any = None, algorithm: str = "auto"
 ) -> CollectiveRequest:
     """Nonblocking ``allgather``."""
-    return _request(_prepare_allgather(x, out, counts, comm, algorithm))
+    return _request(_prepare_allgather, x, out, counts, comm, algorithm)
 
 
 # ---- reduce_scatter --------------------------------------------------------------------
 
 
 def _prepare_reduce_scatter(
-    x: Any, op: Any, counts: Any, out: Any, comm: Any, algorithm: str, reproducible: bool
+    x: Any,
+    op: Any,
+    counts: Any,
+    out: Any,
+    comm: Any,
+    algorithm: str,
+    reproducible: bool,
+    blocking: bool = True,
 ) -> _Pending:
     data = host_array(x)
     rop = resolve_op(op, data.dtype)
@@ -374,6 +449,7 @@ def _prepare_reduce_scatter(
         algorithm,
         rop,
         work.nbytes,
+        blocking,
         counts=sizes,
         dtype=data.dtype.str,
         reproducible=bool(reproducible),
@@ -420,7 +496,7 @@ def reduce_scatter(
     Returns:
         This rank's block of the reduced vector (1-D).
     """
-    return _complete(_prepare_reduce_scatter(x, op, counts, out, comm, algorithm, reproducible))
+    return _complete(_prepare_reduce_scatter, x, op, counts, out, comm, algorithm, reproducible)
 
 
 def ireduce_scatter(
@@ -434,13 +510,15 @@ def ireduce_scatter(
     reproducible: bool = False,
 ) -> CollectiveRequest:
     """Nonblocking ``reduce_scatter``."""
-    return _request(_prepare_reduce_scatter(x, op, counts, out, comm, algorithm, reproducible))
+    return _request(_prepare_reduce_scatter, x, op, counts, out, comm, algorithm, reproducible)
 
 
 # ---- alltoall(v) -----------------------------------------------------------------------
 
 
-def _prepare_alltoall(x: Any, out: Any, comm: Any, algorithm: str) -> _Pending:
+def _prepare_alltoall(
+    x: Any, out: Any, comm: Any, algorithm: str, blocking: bool = True
+) -> _Pending:
     data = host_array(x)
     state = state_for(comm)
     p = state.size
@@ -452,7 +530,14 @@ def _prepare_alltoall(x: Any, out: Any, comm: Any, algorithm: str) -> _Pending:
     send = np.ascontiguousarray(data).reshape(-1)
     work, deliver = result_buffer(None, data.shape, data.dtype, out)
     chosen, call = _begin(
-        "alltoall", comm, algorithm, None, data.nbytes, count=data.size, dtype=data.dtype.str
+        "alltoall",
+        comm,
+        algorithm,
+        None,
+        data.nbytes,
+        blocking,
+        count=data.size,
+        dtype=data.dtype.str,
     )
     return _Pending(
         "ialltoall",
@@ -467,22 +552,26 @@ def alltoall(x: Any, *, out: Any = None, comm: Any = None, algorithm: str = "aut
     Returns:
         An array shaped like ``x`` whose block j came from rank j.
     """
-    return _complete(_prepare_alltoall(x, out, comm, algorithm))
+    return _complete(_prepare_alltoall, x, out, comm, algorithm)
 
 
 def ialltoall(
     x: Any, *, out: Any = None, comm: Any = None, algorithm: str = "auto"
 ) -> CollectiveRequest:
     """Nonblocking ``alltoall``."""
-    return _request(_prepare_alltoall(x, out, comm, algorithm))
+    return _request(_prepare_alltoall, x, out, comm, algorithm)
 
 
-def _prepare_alltoallv(x: Any, counts: Any, comm: Any, algorithm: str) -> _Pending:
+def _prepare_alltoallv(
+    x: Any, counts: Any, comm: Any, algorithm: str, blocking: bool = True
+) -> _Pending:
     data = host_array(x)
     state = state_for(comm)
     send_counts = _counts(counts, state.size, "alltoallv", data.size)
     send = np.ascontiguousarray(data).reshape(-1)
-    chosen, call = _begin("alltoallv", comm, algorithm, None, data.nbytes, dtype=data.dtype.str)
+    chosen, call = _begin(
+        "alltoallv", comm, algorithm, None, data.nbytes, blocking, dtype=data.dtype.str
+    )
     result: list[Any] = []
 
     def schedule() -> Schedule:
@@ -509,29 +598,29 @@ def alltoallv(
         ``(received, received_counts)``: the blocks from ranks 0..size-1 back to back,
         and how many elements came from each.
     """
-    return _complete(_prepare_alltoallv(x, counts, comm, algorithm))
+    return _complete(_prepare_alltoallv, x, counts, comm, algorithm)
 
 
 def ialltoallv(
     x: Any, counts: Any, *, comm: Any = None, algorithm: str = "auto"
 ) -> CollectiveRequest:
     """Nonblocking ``alltoallv``; ``wait()`` returns ``(received, received_counts)``."""
-    return _request(_prepare_alltoallv(x, counts, comm, algorithm))
+    return _request(_prepare_alltoallv, x, counts, comm, algorithm)
 
 
 # ---- barrier ---------------------------------------------------------------------------
 
 
-def _prepare_barrier(comm: Any, algorithm: str) -> _Pending:
-    chosen, call = _begin("barrier", comm, algorithm, None, 0)
+def _prepare_barrier(comm: Any, algorithm: str, blocking: bool = True) -> _Pending:
+    chosen, call = _begin("barrier", comm, algorithm, None, 0, blocking)
     return _Pending("ibarrier", chosen.run(call), _finisher(call, lambda: None))
 
 
 def barrier(*, comm: Any = None, algorithm: str = "auto") -> None:
     """Wait until every rank has entered the barrier."""
-    _complete(_prepare_barrier(comm, algorithm))
+    _complete(_prepare_barrier, comm, algorithm)
 
 
 def ibarrier(*, comm: Any = None, algorithm: str = "auto") -> CollectiveRequest:
     """Nonblocking ``barrier``."""
-    return _request(_prepare_barrier(comm, algorithm))
+    return _request(_prepare_barrier, comm, algorithm)

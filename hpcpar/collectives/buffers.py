@@ -25,6 +25,10 @@ def is_device_array(x: Any) -> bool:
 
 def host_array(x: Any, name: str = "x") -> np.ndarray:
     """A numpy view or copy of ``x`` (a device array is synchronised and copied to host)."""
+    if type(x) is np.ndarray:
+        if x.dtype.kind == "O":
+            raise CollectiveError(f"{name} has dtype object; hpcpar moves numeric arrays only")
+        return x
     if is_device_array(x):
         import cupy
 
@@ -79,7 +83,7 @@ def result_buffer(
     if out is not None:
         check_out(out, shape, dtype)
     if isinstance(out, np.ndarray) and out.flags.c_contiguous:
-        if source is not None and not (source is out or _same_memory(source, out)):
+        if source is not None and source is not out:
             np.copyto(out, source.reshape(shape))  # numpy copies safely on overlap
         return out.reshape(-1), lambda: out
     work = np.empty(shape, dtype=dtype)
@@ -96,11 +100,3 @@ def result_buffer(
         return out
 
     return work.reshape(-1), finish
-
-
-def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
-    return (
-        a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-        and a.strides == b.strides
-        and a.shape == b.shape
-    )

@@ -2,33 +2,55 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .channel import Channel, CollectiveStats
 from .state import CommState
 
 __all__ = ["Call", "open_call"]
 
 
-@dataclass
 class Call:
-    """Everything an algorithm needs for one call.
+    """Everything an algorithm needs for one call; channels are made on first use.
 
     Attributes:
         state: The communicator's cached state (hierarchy, node lists).
         stats: This call's counters.
-        flat: All ranks.
-        node: The ranks of this rank's node.
-        leaders: One rank per node (None on non-leaders).
-        rail: The ranks with this rank's local rank.
+        tag: The call's base tag.
+        blocking: Whether the call runs to completion at once (the ``mpi`` algorithm
+            then uses the library's blocking collective, which MPI libraries tune
+            better than the nonblocking one).
     """
 
-    state: CommState
-    stats: CollectiveStats
-    flat: Channel
-    node: Channel
-    leaders: Channel | None
-    rail: Channel
+    def __init__(self, state: CommState, stats: CollectiveStats, tag: int, blocking: bool) -> None:
+        self.state = state
+        self.stats = stats
+        self.tag = tag
+        self.blocking = blocking
+        self._channels: dict[str, Channel | None] | None = None
+
+    def _channel(self, level: str) -> Channel | None:
+        if self._channels is None:
+            self._channels = self.state.channels(self.tag, self.stats)
+        return self._channels[level]
+
+    @property
+    def flat(self) -> Channel:
+        """All ranks."""
+        return self._channel("flat")  # type: ignore[return-value]
+
+    @property
+    def node(self) -> Channel:
+        """The ranks of this rank's node."""
+        return self._channel("node")  # type: ignore[return-value]
+
+    @property
+    def leaders(self) -> Channel | None:
+        """One rank per node (None on non-leaders)."""
+        return self._channel("leaders")
+
+    @property
+    def rail(self) -> Channel:
+        """The ranks with this rank's local rank."""
+        return self._channel("rail")  # type: ignore[return-value]
 
     @property
     def min_node_size(self) -> int:
@@ -36,8 +58,8 @@ class Call:
         return min(len(r) for r in self.state.node_ranks)
 
 
-def open_call(state: CommState, collective: str, algorithm: str, nbytes: int) -> Call:
-    """Start a call: take the next tag and make its counted channels."""
-    stats = CollectiveStats(collective, algorithm, nbytes)
-    ch = state.channels(state.next_tag(), stats)
-    return Call(state, stats, ch["flat"], ch["node"], ch["leaders"], ch["rail"])  # type: ignore[arg-type]
+def open_call(
+    state: CommState, collective: str, algorithm: str, nbytes: int, blocking: bool = True
+) -> Call:
+    """Start a call: take the next tag and set up its counters."""
+    return Call(state, CollectiveStats(collective, algorithm, nbytes), state.next_tag(), blocking)

@@ -15,7 +15,7 @@ from mpi4py import MPI
 __all__ = ["Channel", "CollectiveStats", "combine", "even_counts", "offsets"]
 
 
-@dataclass
+@dataclass(slots=True)
 class CollectiveStats:
     """What one collective call sent from this rank.
 

@@ -7,8 +7,6 @@ user-defined MPI op over a contiguous byte type, applied to whole buffers by num
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -80,51 +78,77 @@ def _generic_op(commutative: bool) -> MPI.Op:
     return _generic_ops[commutative]
 
 
-@contextmanager
-def _reduction(buf: np.ndarray, op: ReduceOp) -> Iterator[tuple[Any, MPI.Op]]:
-    """The buffer spec and MPI op to reduce ``buf`` with, for the span of one call."""
-    if is_native(op, buf.dtype):
-        yield buf, op.mpi_op
-        return
-    element = MPI.BYTE.Create_contiguous(buf.itemsize).Commit()
-    _dispatch[element.handle] = (buf.dtype, op.combine)
-    try:
-        yield [buf.reshape(-1).view(np.uint8), buf.size, element], _generic_op(op.commutative)
-    finally:
-        del _dispatch[element.handle]
-        element.Free()
+class _Reduction:
+    """The buffer spec and MPI op to reduce ``buf`` with, for the span of one call.
+
+    Predefined ops on native types go straight to the library; anything else gets an
+    element datatype of its own that tells the generic user op which numpy op to run.
+    """
+
+    __slots__ = ("element", "op", "spec")
+
+    def __init__(self, buf: np.ndarray, op: ReduceOp) -> None:
+        if is_native(op, buf.dtype):
+            self.spec, self.op, self.element = buf, op.mpi_op, None
+            return
+        self.element = MPI.BYTE.Create_contiguous(buf.itemsize).Commit()
+        _dispatch[self.element.handle] = (buf.dtype, op.combine)
+        self.spec = [buf.reshape(-1).view(np.uint8), buf.size, self.element]
+        self.op = _generic_op(op.commutative)
+
+    def __enter__(self) -> tuple[Any, MPI.Op]:
+        return self.spec, self.op
+
+    def __exit__(self, *exc: object) -> None:
+        if self.element is not None:
+            del _dispatch[self.element.handle]
+            self.element.Free()
+
+
+_reduction = _Reduction
 
 
 def allreduce(call: Call, buf: np.ndarray, op: ReduceOp) -> Schedule:
-    """MPI_Iallreduce in place."""
-    call.stats.inside_mpi = True
-    with _reduction(buf, op) as (spec, mpi_op):
-        yield [call.state.private.Iallreduce(MPI.IN_PLACE, spec, mpi_op)]
-
-
-def reduce(call: Call, buf: np.ndarray, op: ReduceOp, root: int) -> Schedule:
-    """MPI_Ireduce in place at the root."""
+    """MPI_Allreduce (or MPI_Iallreduce) in place."""
     call.stats.inside_mpi = True
     comm = call.state.private
     with _reduction(buf, op) as (spec, mpi_op):
-        if comm.Get_rank() == root:
-            yield [comm.Ireduce(MPI.IN_PLACE, spec, mpi_op, root)]
+        if call.blocking:
+            comm.Allreduce(MPI.IN_PLACE, spec, mpi_op)
         else:
-            yield [comm.Ireduce(spec, None, mpi_op, root)]
+            yield [comm.Iallreduce(MPI.IN_PLACE, spec, mpi_op)]
+
+
+def reduce(call: Call, buf: np.ndarray, op: ReduceOp, root: int) -> Schedule:
+    """MPI_Reduce (or MPI_Ireduce) in place at the root."""
+    call.stats.inside_mpi = True
+    comm = call.state.private
+    with _reduction(buf, op) as (spec, mpi_op):
+        send, recv = (MPI.IN_PLACE, spec) if comm.Get_rank() == root else (spec, None)
+        if call.blocking:
+            comm.Reduce(send, recv, mpi_op, root)
+        else:
+            yield [comm.Ireduce(send, recv, mpi_op, root)]
 
 
 def bcast(call: Call, buf: np.ndarray, root: int) -> Schedule:
-    """MPI_Ibcast."""
+    """MPI_Bcast (or MPI_Ibcast)."""
     call.stats.inside_mpi = True
-    yield [call.state.private.Ibcast(buffer_spec(buf), root)]
+    if call.blocking:
+        call.state.private.Bcast(buffer_spec(buf), root)
+    else:
+        yield [call.state.private.Ibcast(buffer_spec(buf), root)]
 
 
 def allgatherv(call: Call, out: np.ndarray, counts: list[int]) -> Schedule:
     """MPI_Iallgatherv in place (each rank's block already in ``out``)."""
     call.stats.inside_mpi = True
     byte_type = _byte_type(out.itemsize)
-    raw = out.reshape(-1).view(np.uint8)
-    yield [call.state.private.Iallgatherv(MPI.IN_PLACE, [raw, (counts, None), byte_type])]
+    spec = [out.reshape(-1).view(np.uint8), (counts, None), byte_type]
+    if call.blocking:
+        call.state.private.Allgatherv(MPI.IN_PLACE, spec)
+    else:
+        yield [call.state.private.Iallgatherv(MPI.IN_PLACE, spec)]
 
 
 def reduce_scatter(call: Call, buf: np.ndarray, op: ReduceOp, counts: list[int]) -> Schedule:
@@ -137,25 +161,33 @@ def reduce_scatter(call: Call, buf: np.ndarray, op: ReduceOp, counts: list[int])
     # when one rank's block is the whole vector.
     block = np.empty(counts[rank], dtype=buf.dtype)
     with _reduction(buf, op) as (send_spec, mpi_op), _reduction(block, op) as (recv_spec, _):
-        yield [comm.Ireduce_scatter(send_spec, recv_spec, counts, mpi_op)]
+        if call.blocking:
+            comm.Reduce_scatter(send_spec, recv_spec, counts, mpi_op)
+        else:
+            yield [comm.Ireduce_scatter(send_spec, recv_spec, counts, mpi_op)]
     buf[start : start + counts[rank]] = block
 
 
 def alltoallv(
     call: Call, send: np.ndarray, send_counts: list[int], recv: np.ndarray, recv_counts: list[int]
 ) -> Schedule:
-    """MPI_Ialltoallv."""
+    """MPI_Alltoallv (or MPI_Ialltoallv)."""
     call.stats.inside_mpi = True
     byte_type = _byte_type(send.itemsize)
-    yield [
-        call.state.private.Ialltoallv(
-            [send.reshape(-1).view(np.uint8), (send_counts, None), byte_type],
-            [recv.reshape(-1).view(np.uint8), (recv_counts, None), byte_type],
-        )
-    ]
+    specs = (
+        [send.reshape(-1).view(np.uint8), (send_counts, None), byte_type],
+        [recv.reshape(-1).view(np.uint8), (recv_counts, None), byte_type],
+    )
+    if call.blocking:
+        call.state.private.Alltoallv(*specs)
+    else:
+        yield [call.state.private.Ialltoallv(*specs)]
 
 
 def barrier(call: Call) -> Schedule:
-    """MPI_Ibarrier."""
+    """MPI_Barrier (or MPI_Ibarrier)."""
     call.stats.inside_mpi = True
-    yield [call.state.private.Ibarrier()]
+    if call.blocking:
+        call.state.private.Barrier()
+    else:
+        yield [call.state.private.Ibarrier()]

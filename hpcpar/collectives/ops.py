@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import HpcparError
+from .errors import CollectiveError
 
-__all__ = ["ReduceOp", "resolve_op", "OpError"]
+__all__ = ["ReduceOp", "resolve_op", "make_op", "OpError"]
 
 
-class OpError(HpcparError):
+class OpError(CollectiveError):
     """A reduction operation that cannot be used (unknown, or wrong for the dtype)."""
 
 
@@ -34,6 +34,7 @@ class ReduceOp:
     combine: Callable[[np.ndarray, np.ndarray, np.ndarray], None]
     commutative: bool
     mpi_op: Any = None
+    source: Any = None
 
 
 def _logical(func: Callable[..., Any]) -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
@@ -87,7 +88,23 @@ def _mpi_name(op: MPI.Op) -> str | None:
     return None
 
 
+_cache: dict[tuple[Any, ...], ReduceOp] = {}
+
+
 def resolve_op(op: Any, dtype: np.dtype, *, commutative: bool | None = None) -> ReduceOp:
+    """Cached ``make_op``: the same op and dtype resolve once per process."""
+    if isinstance(op, MPI.Op):
+        key: tuple[Any, ...] = ("mpi", op.py2f(), dtype, commutative)
+    else:
+        key = ("obj", id(op), dtype, commutative)
+    found = _cache.get(key)
+    if found is None or (key[0] == "obj" and found.source is not op):
+        found = make_op(op, dtype, commutative=commutative)
+        _cache[key] = found
+    return found
+
+
+def make_op(op: Any, dtype: np.dtype, *, commutative: bool | None = None) -> ReduceOp:
     """Turn an ``op=`` argument into a ``ReduceOp`` for arrays of ``dtype``.
 
     Args:
@@ -111,19 +128,21 @@ def resolve_op(op: Any, dtype: np.dtype, *, commutative: bool | None = None) -> 
         func, logical = _MPI_OPS[name]
         _check_dtype(name, dtype)
         combine = _logical(func) if logical else _ufunc(func)
-        return ReduceOp(name, combine, True if commutative is None else commutative, op)
+        return ReduceOp(name, combine, True if commutative is None else commutative, op, op)
     if isinstance(op, np.ufunc):
         if op.nin != 2:
             raise OpError(f"numpy ufunc {op.__name__} takes {op.nin} input(s); a reduction needs 2")
         guess = op in _COMMUTATIVE_UFUNCS
-        return ReduceOp(op.__name__, _ufunc(op), guess if commutative is None else commutative)
+        return ReduceOp(
+            op.__name__, _ufunc(op), guess if commutative is None else commutative, None, op
+        )
     if callable(op):
         name = getattr(op, "__name__", type(op).__name__)
 
         def combine(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
             out[...] = op(a, b)
 
-        return ReduceOp(name, combine, bool(commutative))
+        return ReduceOp(name, combine, bool(commutative), None, op)
     raise OpError(f"op must be an MPI op, a numpy ufunc or a function, not {type(op).__name__}")
 
 

@@ -17,10 +17,11 @@ from ..runtime.comm import default_comm, resolve_comm
 from ..topology import Hierarchy
 from .channel import Channel, CollectiveStats
 
-__all__ = ["CommState", "state_for", "TAGS_PER_CALL"]
+__all__ = ["CommState", "state_for", "fast_state", "TAGS_PER_CALL"]
 
 TAGS_PER_CALL = 8  # sub-schedules of one call that run side by side use tag + 0..7
 _KEYVAL: int | None = None
+_DEFAULT: CommState | None = None  # the state of comm=None, looked up on every call
 
 
 class CommState:
@@ -74,12 +75,24 @@ def _delete(comm: Any, keyval: int, value: Any) -> None:
         state.free()
 
 
+def fast_state(comm: Any) -> CommState | None:
+    """The state of ``comm=None`` if it exists already (no MPI call), else None."""
+    return _DEFAULT if comm is None else None
+
+
 def state_for(comm: Any) -> CommState:
     """Return the cached state for ``comm`` (None, a communicator or a Hierarchy).
 
-    Collective the first time for each communicator and layout.
+    Collective the first time for each communicator and layout. For a plain
+    communicator the layout is ``HPCPAR_LAYOUT`` as it was at that first use.
     """
-    global _KEYVAL
+    global _KEYVAL, _DEFAULT
+    if comm is None and _DEFAULT is not None:
+        return _DEFAULT
+    if isinstance(comm, MPI.Intracomm) and _KEYVAL is not None:
+        cache = comm.Get_attr(_KEYVAL)
+        if cache and "" in cache and len(cache) == 1:
+            return cache[""]
     if isinstance(comm, Hierarchy):
         base, layout = comm.comm, comm.layout
     else:
@@ -93,4 +106,6 @@ def state_for(comm: Any) -> CommState:
     key = layout or ""
     if key not in cache:
         cache[key] = CommState(base, layout)
+    if comm is None and key == "":
+        _DEFAULT = cache[key]
     return cache[key]

@@ -1,0 +1,177 @@
+"""``hpcpar bench collectives``: every algorithm of a collective vs the MPI library's call.
+
+Peers in the same run: the MPI library's own collective (``mpi``, the baseline every
+ratio is taken against) and, where PyTorch is installed, ``torch.distributed`` with the
+gloo backend (the CPU peer a Python user would pick; ``--no-gloo`` leaves it out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .harness import Variant, run_sweep
+from .registry import Benchmark, register
+
+__all__: list[str] = []
+
+_COLLECTIVES = ("allreduce", "bcast", "allgather", "reduce_scatter", "alltoall", "reduce")
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--collective", choices=_COLLECTIVES, default="allreduce", help="default allreduce"
+    )
+    parser.add_argument(
+        "--algorithms",
+        default=None,
+        metavar="A,B",
+        help="algorithms to run (default: all, plus auto)",
+    )
+    parser.add_argument("--no-gloo", action="store_true", help="leave torch.distributed/gloo out")
+
+
+def _hpcpar_case(comm: Any, h: Any, collective: str, algorithm: str) -> Callable[[int], Any]:
+    import hpcpar
+
+    p, r = comm.Get_size(), comm.Get_rank()
+
+    def make(nbytes: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        count = nbytes // 8
+        base = np.arange(count, dtype=np.float64) % 251
+        x = base + r
+        if collective == "allreduce":
+            out = np.empty_like(x)
+            want = p * base + p * (p - 1) / 2
+            return (lambda: hpcpar.allreduce(x, out=out, comm=h, algorithm=algorithm)), (
+                lambda: np.array_equal(out, want)
+            )
+        if collective == "reduce":
+            out = np.empty_like(x)
+            want = p * base + p * (p - 1) / 2
+            return (lambda: hpcpar.reduce(x, 0, out=out, comm=h, algorithm=algorithm)), (
+                lambda: r != 0 or np.array_equal(out, want)
+            )
+        if collective == "bcast":
+            buf = base.copy() if r == 0 else np.zeros(count)
+            return (lambda: hpcpar.bcast(buf, 0, comm=h, algorithm=algorithm)), (
+                lambda: np.array_equal(buf, base)
+            )
+        if collective == "allgather":
+            out = np.empty((p, count))
+            want = np.stack([base + q for q in range(p)])
+            return (lambda: hpcpar.allgather(x, out=out, comm=h, algorithm=algorithm)), (
+                lambda: np.array_equal(out, want)
+            )
+        if collective == "reduce_scatter":
+            full = np.tile(x, p)[: max(count, p)]
+            want_full = np.tile(p * base + p * (p - 1) / 2, p)[: full.size]
+            sizes = [full.size // p + (1 if q < full.size % p else 0) for q in range(p)]
+            start = sum(sizes[:r])
+            box: list[Any] = [None]
+
+            def run() -> None:
+                box[0] = hpcpar.reduce_scatter(full, comm=h, algorithm=algorithm)
+
+            return run, lambda: np.array_equal(box[0], want_full[start : start + sizes[r]])
+        # alltoall: nbytes is each rank's whole send buffer
+        per = max(1, count // p)
+        send = np.repeat(np.arange(p, dtype=np.float64) + 100 * r, per)
+        out = np.empty_like(send)
+        want = np.repeat(np.arange(p, dtype=np.float64) * 100 + r, per)
+        return (lambda: hpcpar.alltoall(send, out=out, comm=h, algorithm=algorithm)), (
+            lambda: np.array_equal(out, want)
+        )
+
+    return make
+
+
+def _gloo_case(comm: Any, collective: str) -> Callable[[int], Any] | None:
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if collective not in ("allreduce", "bcast", "allgather"):
+        return None
+    p, r = comm.Get_size(), comm.Get_rank()
+    if not dist.is_initialized():
+        port = None
+        if r == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        port = comm.bcast(port, root=0)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=r, world_size=p)
+
+    def make(nbytes: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        count = nbytes // 8
+        base = torch.arange(count, dtype=torch.float64) % 251
+        x = base + r
+        if collective == "allreduce":
+            # gloo reduces in place: time on a scratch copy, validate on fresh data
+            scratch = x.clone()
+
+            def check() -> bool:
+                fresh = x.clone()
+                dist.all_reduce(fresh)
+                return bool(torch.equal(fresh, p * base + p * (p - 1) / 2))
+
+            return (lambda: dist.all_reduce(scratch)), check
+        if collective == "bcast":
+            buf = base.clone() if r == 0 else torch.zeros(count, dtype=torch.float64)
+            return (lambda: dist.broadcast(buf, 0)), (lambda: bool(torch.equal(buf, base)))
+        outs = [torch.empty(count, dtype=torch.float64) for _ in range(p)]
+        return (lambda: dist.all_gather(outs, x)), (
+            lambda: all(bool(torch.equal(outs[q], base + q)) for q in range(p))
+        )
+
+    return make
+
+
+def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
+    import hpcpar
+    from hpcpar.collectives import algorithms_for
+
+    from ..errors import UsageError
+
+    h = hpcpar.Hierarchy(comm, layout=args.layout)
+    names = ["mpi", "auto", *[a for a in algorithms_for(args.collective) if a != "mpi"]]
+    if args.algorithms:
+        wanted = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+        unknown = sorted(set(wanted) - set(names))
+        if unknown:
+            raise UsageError(
+                f"bench collectives: unknown algorithm(s) {unknown}; choose from {names}"
+            )
+        names = ["mpi", *[a for a in wanted if a != "mpi"]]
+    variants = [Variant(name, _hpcpar_case(comm, h, args.collective, name)) for name in names]
+    gloo = None if args.no_gloo else _gloo_case(comm, args.collective)
+    if gloo is not None:
+        variants.append(Variant("torch-gloo", gloo))
+    try:
+        return run_sweep(
+            comm, args, variants, title=f"collectives {args.collective} (float64)", unit=8
+        )
+    finally:
+        h.free()
+
+
+def _bus_factor(ranks: int) -> float:
+    return 2.0 * (ranks - 1) / ranks if ranks > 1 else 1.0
+
+
+register(
+    Benchmark(
+        "collectives",
+        "every algorithm of a collective vs the MPI library (and gloo)",
+        _add_arguments,
+        _run,
+        peer="mpi",
+        bus_factor=_bus_factor,
+    )
+)
