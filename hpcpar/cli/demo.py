@@ -27,6 +27,7 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     import numpy as np
     from mpi4py import MPI
 
+    from ..collectives import algorithms_for, allreduce, last_stats
     from ..errors import UsageError
     from ..runtime.results import write_json
     from ..testing import failing_ranks
@@ -49,17 +50,21 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
         # Integer-valued data keeps every sum exact, so equality is the right test.
         base = np.arange(args.count, dtype=np.float64) % 1021
         x = base * (rank + 1)
+        want = base * (size * (size + 1) // 2)
         out = np.empty_like(x)
         comm.Allreduce(x, out, op=MPI.SUM)
-        check("allreduce SUM over all ranks (MPI library)", out, base * (size * (size + 1) // 2))
-        node_sum = np.empty_like(x)
-        h.node.Allreduce(x, node_sum, op=MPI.SUM)
-        members = h.ranks_of_node(h.node_index)
-        check(
-            f"allreduce SUM within each of the {h.n_nodes} node(s)",
-            node_sum,
-            base * sum(r + 1 for r in members),
-        )
+        check("allreduce SUM, the MPI library's own call", out, want)
+        for algorithm in algorithms_for("allreduce"):
+            got = allreduce(x, comm=h, algorithm=algorithm)
+            stats = last_stats()
+            sent = f"{stats.messages_intra} intra + {stats.messages_inter} inter-node messages"
+            where = "inside MPI" if stats.inside_mpi else sent
+            check(f"hpcpar.allreduce algorithm={algorithm:<18} ({where} on rank {rank})", got, want)
+        noisy = np.random.default_rng(rank).standard_normal(args.count) * 10.0 ** (rank % 7)
+        first = allreduce(noisy, comm=h, algorithm="ring", reproducible=True)
+        for algorithm in ("mpi", "rabenseifner", "two_level", "multi_leader"):
+            again = allreduce(noisy, comm=h, algorithm=algorithm, reproducible=True)
+            check(f"reproducible=True: {algorithm} gives the same bits as ring", again, first)
         layout = h.layout
     ok = all(c["ok"] for c in checks)
     say(

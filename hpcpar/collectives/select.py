@@ -9,14 +9,15 @@ for the op (rank order kept for non-commutative ops).
 
 from __future__ import annotations
 
-import os
-
+from ..runtime.env import getenv_fast
 from .algorithms import ALGORITHMS, ORDER_CONTIGUOUS, ORDER_NONE, Algorithm
 from .errors import CollectiveError
 from .ops import ReduceOp
 from .state import CommState
 
 __all__ = ["choose", "valid_for"]
+
+_ENV_KEYS = {name: f"HPCPAR_ALGORITHM_{name.upper()}".encode() for name in ALGORITHMS}
 
 
 def valid_for(algorithm: Algorithm, op: ReduceOp | None, state: CommState) -> str | None:
@@ -45,7 +46,7 @@ def choose(
     table = ALGORITHMS[collective]
     reason = f"algorithm={algorithm!r} was requested"
     if algorithm == "auto":
-        env = os.environ.get(f"HPCPAR_ALGORITHM_{collective.upper()}")
+        env = getenv_fast("", _ENV_KEYS[collective])
         if env:
             algorithm, reason = env, f"HPCPAR_ALGORITHM_{collective.upper()}={env}"
         else:

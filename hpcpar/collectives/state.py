@@ -76,8 +76,19 @@ def _delete(comm: Any, keyval: int, value: Any) -> None:
 
 
 def fast_state(comm: Any) -> CommState | None:
-    """The state of ``comm=None`` if it exists already (no MPI call), else None."""
-    return _DEFAULT if comm is None else None
+    """The state of ``comm`` if it exists already (no collective call), else None."""
+    if comm is None:
+        return _DEFAULT
+    if _KEYVAL is None:
+        return None
+    if isinstance(comm, Hierarchy):
+        cache = comm.comm.Get_attr(_KEYVAL)
+        return cache.get(comm.layout or "") if cache else None
+    if isinstance(comm, MPI.Intracomm):
+        cache = comm.Get_attr(_KEYVAL)
+        if cache and len(cache) == 1:  # the usual case: one layout per communicator
+            return next(iter(cache.values()))
+    return None
 
 
 def state_for(comm: Any) -> CommState:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["launcher_rank_size", "env_flag"]
+__all__ = ["launcher_rank_size", "env_flag", "getenv_fast"]
 
 # (rank variable, size variable) of the process managers we know: Hydra/PMI, PMIx,
 # Open MPI, Slurm.
@@ -32,3 +32,18 @@ def env_flag(name: str, default: bool = False) -> bool:
     if value is None or value == "":
         return default
     return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+_RAW = getattr(os.environ, "_data", None)  # CPython's encoded mapping behind os.environ
+
+
+def getenv_fast(name: str, key: bytes | None = None) -> str | None:
+    """``os.environ.get(name)`` for hot paths (a plain dict lookup where CPython allows).
+
+    Reads the live environment, so a variable set later (``os.environ[...] = ...``,
+    pytest's monkeypatch) is seen at once.
+    """
+    if _RAW is not None and os.name == "posix":
+        value = _RAW.get(key if key is not None else os.fsencode(name))
+        return None if value is None else os.fsdecode(value)
+    return os.environ.get(name)

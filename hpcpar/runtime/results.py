@@ -103,6 +103,9 @@ def _jsonable(value: Any) -> Any:
 def _atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are for everyone to read
     try:
         with os.fdopen(fd, "w", newline="") as handle:
             handle.write(text)

@@ -19,8 +19,13 @@ from hpcpar.testing import assert_all
 
 pytestmark = pytest.mark.mpi
 SIZE = MPI.COMM_WORLD.Get_size()
-SETTINGS = settings(derandomize=True, database=None, max_examples=25, deadline=None,
-                    suppress_health_check=list(HealthCheck))  # fmt: skip
+SETTINGS = settings(
+    derandomize=True,
+    database=None,
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 @st.composite
@@ -44,8 +49,13 @@ def same_everywhere(comm, example):
 
 
 @SETTINGS
-@given(layout=layouts(), n=st.integers(0, 3000), algorithm=st.sampled_from(algorithms_for("allreduce")),
-       dtype=st.sampled_from(["f8", "i4", "u1", "c8"]), seed=st.integers(0, 10**6))  # fmt: skip
+@given(
+    layout=layouts(),
+    n=st.integers(0, 3000),
+    algorithm=st.sampled_from(algorithms_for("allreduce")),
+    dtype=st.sampled_from(["f8", "i4", "u1", "c8"]),
+    seed=st.integers(0, 10**6),
+)
 def test_allreduce_random(layout, n, algorithm, dtype, seed):
     comm = hpcpar.default_comm()
     same_everywhere(comm, (layout, n, algorithm, dtype, seed))
@@ -57,8 +67,13 @@ def test_allreduce_random(layout, n, algorithm, dtype, seed):
 
 
 @SETTINGS
-@given(layout=layouts(), n=st.integers(0, 3000), root=st.integers(0, SIZE - 1),
-       algorithm=st.sampled_from(algorithms_for("bcast")), seed=st.integers(0, 10**6))  # fmt: skip
+@given(
+    layout=layouts(),
+    n=st.integers(0, 3000),
+    root=st.integers(0, SIZE - 1),
+    algorithm=st.sampled_from(algorithms_for("bcast")),
+    seed=st.integers(0, 10**6),
+)
 def test_bcast_random(layout, n, root, algorithm, seed):
     comm = hpcpar.default_comm()
     same_everywhere(comm, (layout, n, root, algorithm, seed))
@@ -72,30 +87,40 @@ def test_bcast_random(layout, n, root, algorithm, seed):
 
 
 @SETTINGS
-@given(layout=layouts(), counts=st.lists(st.integers(0, 50), min_size=SIZE, max_size=SIZE),
-       algorithm=st.sampled_from(algorithms_for("allgather")), seed=st.integers(0, 10**6))  # fmt: skip
+@given(
+    layout=layouts(),
+    counts=st.lists(st.integers(0, 50), min_size=SIZE, max_size=SIZE),
+    algorithm=st.sampled_from(algorithms_for("allgather")),
+    seed=st.integers(0, 10**6),
+)
 def test_allgather_random(layout, counts, algorithm, seed):
     comm = hpcpar.default_comm()
     same_everywhere(comm, (layout, counts, algorithm, seed))
     rank, size = comm.Get_rank(), comm.Get_size()
     with hpcpar.Hierarchy(comm, layout=layout) as h:
-        got = hpcpar.allgather(contribution(rank, counts[rank], "i8", seed), counts=counts, comm=h,
-                               algorithm=algorithm)  # fmt: skip
+        got = hpcpar.allgather(
+            contribution(rank, counts[rank], "i8", seed), counts=counts, comm=h, algorithm=algorithm
+        )
     want = np.concatenate([contribution(r, counts[r], "i8", seed) for r in range(size)])
     assert_all(np.array_equal(got, want), f"allgather {algorithm} {layout} {counts}", comm)
 
 
 @SETTINGS
-@given(layout=layouts(), counts=st.lists(st.integers(0, 40), min_size=SIZE, max_size=SIZE),
-       algorithm=st.sampled_from(algorithms_for("reduce_scatter")), seed=st.integers(0, 10**6))  # fmt: skip
+@given(
+    layout=layouts(),
+    counts=st.lists(st.integers(0, 40), min_size=SIZE, max_size=SIZE),
+    algorithm=st.sampled_from(algorithms_for("reduce_scatter")),
+    seed=st.integers(0, 10**6),
+)
 def test_reduce_scatter_random(layout, counts, algorithm, seed):
     comm = hpcpar.default_comm()
     same_everywhere(comm, (layout, counts, algorithm, seed))
     rank, size = comm.Get_rank(), comm.Get_size()
     n = sum(counts)
     with hpcpar.Hierarchy(comm, layout=layout) as h:
-        got = hpcpar.reduce_scatter(contribution(rank, n, "f8", seed), counts=counts, comm=h,
-                                    algorithm=algorithm)  # fmt: skip
+        got = hpcpar.reduce_scatter(
+            contribution(rank, n, "f8", seed), counts=counts, comm=h, algorithm=algorithm
+        )
     total = fold(MPI.SUM, [contribution(r, n, "f8", seed) for r in range(size)])
     start = sum(counts[:rank])
     assert_all(
