@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .channel import Channel, combine
-from .recursive_doubling import fold, new_rank, real_rank, unfold
+from .recursive_doubling import fold, fold_in, new_rank, real_rank, unfold
 from .schedule import Schedule
 
 __all__ = ["allreduce"]
@@ -24,12 +24,7 @@ def allreduce(ch: Channel, buf: np.ndarray, op: object) -> Schedule:
         return
     pof2, rem = fold(p)
     tmp = np.empty_like(buf)
-    if r < 2 * rem:
-        if r % 2 == 0:
-            yield ch.isend(buf, r + 1)
-        else:
-            yield ch.irecv(tmp, r - 1)
-            combine(ch, op, tmp, buf, buf)
+    yield from fold_in(ch, buf, tmp, op, rem)
     me = new_rank(r, rem)
     if me >= 0:
         lo, hi = 0, buf.size

@@ -13,7 +13,7 @@ import numpy as np
 from .channel import Channel, combine, offsets
 from .schedule import Schedule
 
-__all__ = ["fold", "unfold", "real_rank", "allreduce", "allgather"]
+__all__ = ["fold", "fold_in", "unfold", "real_rank", "new_rank", "allreduce", "allgather"]
 
 
 def fold(p: int) -> tuple[int, int]:
@@ -34,6 +34,17 @@ def new_rank(rank: int, rem: int) -> int:
     return rank - rem
 
 
+def fold_in(ch: Channel, buf: np.ndarray, tmp: np.ndarray, op: object, rem: int) -> Schedule:
+    """The first 2*rem ranks pair up: the even one's data is reduced into the odd one's."""
+    r = ch.rank
+    if r < 2 * rem:
+        if r % 2 == 0:
+            yield ch.isend(buf, r + 1)
+        else:
+            yield ch.irecv(tmp, r - 1)
+            combine(ch, op, tmp, buf, buf)
+
+
 def allreduce(ch: Channel, buf: np.ndarray, op: object) -> Schedule:
     """Reduce ``buf`` over all ranks of ``ch`` in place."""
     p, r = ch.size, ch.rank
@@ -41,12 +52,7 @@ def allreduce(ch: Channel, buf: np.ndarray, op: object) -> Schedule:
         return
     pof2, rem = fold(p)
     tmp = np.empty_like(buf)
-    if r < 2 * rem:
-        if r % 2 == 0:
-            yield ch.isend(buf, r + 1)
-        else:
-            yield ch.irecv(tmp, r - 1)
-            combine(ch, op, tmp, buf, buf)
+    yield from fold_in(ch, buf, tmp, op, rem)
     me = new_rank(r, rem)
     if me >= 0:
         mask = 1

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import binomial, rabenseifner, recursive_doubling
 from .call import Call
-from .channel import Channel
+from .channel import Channel, offsets
 from .schedule import Schedule
 
 __all__ = [
@@ -77,9 +77,20 @@ def bcast(call: Call, buf: np.ndarray, root: int) -> Schedule:
     yield from binomial.bcast(call.node, buf, root=0)
 
 
-def _node_order(state: object) -> list[int]:
-    """Ranks grouped by node (node order, rank order within a node)."""
-    return [r for ranks in state.node_ranks for r in ranks]  # type: ignore[attr-defined]
+def _by_node(
+    state: object, buf: np.ndarray, counts: list[int]
+) -> tuple[np.ndarray, list[int], list[list[int]]]:
+    """Rank blocks regrouped node by node (node order, rank order within a node).
+
+    Returns the regrouped copy, the block starts in rank order, and each node's counts.
+    """
+    node_ranks: list[list[int]] = state.node_ranks  # type: ignore[attr-defined]
+    starts = offsets(counts)
+    order = [r for ranks in node_ranks for r in ranks]
+    staged = (
+        np.concatenate([buf[starts[r] : starts[r + 1]] for r in order]) if buf.size else buf.copy()
+    )
+    return staged, starts, [[counts[r] for r in ranks] for ranks in node_ranks]
 
 
 def allgather(call: Call, out: np.ndarray, counts: list[int]) -> Schedule:
@@ -87,14 +98,7 @@ def allgather(call: Call, out: np.ndarray, counts: list[int]) -> Schedule:
     from . import ring
 
     state = call.state
-    order = _node_order(state)
-    starts = [0]
-    for c in counts:
-        starts.append(starts[-1] + c)
-    staged = (
-        np.concatenate([out[starts[r] : starts[r + 1]] for r in order]) if out.size else out.copy()
-    )
-    node_counts = [[counts[r] for r in ranks] for ranks in state.node_ranks]
+    staged, starts, node_counts = _by_node(state, out, counts)
     node_totals = [sum(c) for c in node_counts]
     my_node = state.node_of[state.rank]
     base = sum(node_totals[:my_node])
@@ -104,9 +108,10 @@ def allgather(call: Call, out: np.ndarray, counts: list[int]) -> Schedule:
         yield from ring.allgather(call.leaders, staged, node_totals)
     yield from binomial.bcast(call.node, staged, root=0)
     pos = 0
-    for r in order:  # back to rank order
-        out[starts[r] : starts[r + 1]] = staged[pos : pos + counts[r]]
-        pos += counts[r]
+    for ranks in state.node_ranks:  # back to rank order
+        for r in ranks:
+            out[starts[r] : starts[r + 1]] = staged[pos : pos + counts[r]]
+            pos += counts[r]
 
 
 def reduce_scatter(call: Call, buf: np.ndarray, op: object, counts: list[int]) -> Schedule:
@@ -114,15 +119,8 @@ def reduce_scatter(call: Call, buf: np.ndarray, op: object, counts: list[int]) -
     from . import ring
 
     state = call.state
-    order = _node_order(state)
-    starts = [0]
-    for c in counts:
-        starts.append(starts[-1] + c)
-    staged = (
-        np.concatenate([buf[starts[r] : starts[r + 1]] for r in order]) if buf.size else buf.copy()
-    )
+    staged, starts, node_counts = _by_node(state, buf, counts)
     yield from binomial.reduce(call.node, staged, op, root=0)
-    node_counts = [[counts[r] for r in ranks] for ranks in state.node_ranks]
     node_totals = [sum(c) for c in node_counts]
     if call.leaders is not None:
         yield from ring.reduce_scatter(call.leaders, staged, op, node_totals)
