@@ -125,3 +125,38 @@ def test_barrier_orders_the_ranks(comm, layout, algorithm, tmp_path):
     seen = [os.path.exists(os.path.join(folder, f"{algorithm}-{layout}-{r}")) for r in range(size)]
     assert_all(all(seen), f"barrier {algorithm} let a rank through early: {seen}", comm)
     h.free()
+
+
+def test_out_forms_of_every_collective(comm):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    h = hpcpar.Hierarchy(comm, layout="ppn:2")
+    x = data(rank, 6 * size, "f8")
+    total = sum(data(r, 6 * size, "f8") for r in range(size))
+    checks = {}
+    out = np.empty_like(x)
+    got = hpcpar.reduce(x, size - 1, out=out, comm=h, algorithm="two_level")
+    checks["reduce out="] = (
+        got is out and np.array_equal(out, total) if rank == size - 1 else got is None
+    )
+    out = np.empty((size, x.size))
+    checks["allgather out="] = hpcpar.allgather(x, out=out, comm=h) is out and np.array_equal(
+        out, np.stack([data(r, 6 * size, "f8") for r in range(size)])
+    )
+    out = np.empty(6)
+    got = hpcpar.reduce_scatter(x, out=out, comm=h, algorithm="two_level")
+    checks["reduce_scatter out="] = got is out and np.array_equal(
+        out, total[6 * rank : 6 * rank + 6]
+    )
+    out = np.empty_like(x)
+    got = hpcpar.alltoall(x, out=out, algorithm="bruck")
+    want = np.concatenate([data(r, 6 * size, "f8")[6 * rank : 6 * rank + 6] for r in range(size)])
+    checks["alltoall out="] = got is out and np.array_equal(out, want)
+    buf = data(0, 5, "f8") if rank == 0 else np.zeros(5)
+    frozen = buf.copy()
+    frozen.flags.writeable = False
+    out = np.empty(5)
+    got = hpcpar.bcast(frozen if rank == 0 else buf, 0, out=out, comm=h, algorithm="pipelined")
+    checks["bcast out="] = got is out and np.array_equal(out, data(0, 5, "f8"))
+    bad = [name for name, ok in checks.items() if not ok]
+    assert_all(not bad, f"out= forms wrong: {bad}", comm)
+    h.free()
