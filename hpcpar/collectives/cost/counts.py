@@ -13,6 +13,9 @@ members in communicator order; ``me`` is this rank's position in it.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property, lru_cache
+
+import numpy as np
 
 from ..channel import even_counts, offsets
 from ..multi_leader import slice_counts
@@ -67,6 +70,7 @@ class Layout:
         """Ranks in the job."""
         return len(self.node_of)
 
+    @cached_property
     def node_ranks(self) -> list[list[int]]:
         """Ranks of each node, in rank order."""
         out: list[list[int]] = [[] for _ in range(max(self.node_of) + 1)]
@@ -74,33 +78,51 @@ class Layout:
             out[node].append(r)
         return out
 
+    @cached_property
+    def local_rank(self) -> list[int]:
+        """Each rank's position on its node."""
+        out = [0] * self.size
+        for ranks in self.node_ranks:
+            for i, r in enumerate(ranks):
+                out[r] = i
+        return out
+
 
 # ---- flat building blocks on one group ---------------------------------------------------
+
+
+def _send_blocks(c: Counts, counts: list[int], skipped: int, item: int, same_node: bool) -> None:
+    """Every block but one goes to the same neighbour: count them all at once."""
+    blocks = np.asarray(counts, dtype=np.int64)
+    total = int(blocks.sum()) - int(blocks[skipped])
+    messages = int(np.count_nonzero(blocks)) - (1 if blocks[skipped] else 0)
+    if same_node:
+        c.messages_intra += messages
+        c.bytes_intra += total * item
+    else:
+        c.messages_inter += messages
+        c.bytes_inter += total * item
 
 
 def _ring_reduce_scatter(
     c: Counts, nodes: list[int], me: int, counts: list[int], item: int
 ) -> None:
     p = len(nodes)
-    right = (me + 1) % p
-    for block in range(p):
-        if block != me:
-            c.send(counts[block] * item, nodes[right] == nodes[me])
-    if p > 1:
-        c.reduced_bytes += (sum(counts) - counts[(me - 1) % p]) * item
-        c.steps += p - 1
+    if p == 1:
+        return
+    _send_blocks(c, counts, me, item, nodes[(me + 1) % p] == nodes[me])
+    c.reduced_bytes += (sum(counts) - counts[(me - 1) % p]) * item
+    c.steps += p - 1
 
 
 def _ring_allgather(
     c: Counts, nodes: list[int], me: int, counts: list[int], item: int, shift: int = 0
 ) -> None:
     p = len(nodes)
-    right = (me + 1) % p
-    skipped = (me - shift + 1) % p
-    for block in range(p):
-        if p > 1 and block != skipped:
-            c.send(counts[block] * item, nodes[right] == nodes[me])
-    c.steps += max(p - 1, 0)
+    if p == 1:
+        return
+    _send_blocks(c, counts, (me - shift + 1) % p, item, nodes[(me + 1) % p] == nodes[me])
+    c.steps += p - 1
 
 
 def _ring_allreduce(c: Counts, nodes: list[int], me: int, n: int, item: int) -> None:
@@ -261,10 +283,11 @@ class _Groups:
     node_ranks: list[list[int]]
 
 
+@lru_cache(maxsize=4096)
 def _groups(layout: Layout, rank: int) -> _Groups:
-    node_ranks = layout.node_ranks()
+    node_ranks = layout.node_ranks
     my_node = layout.node_of[rank]
-    local = node_ranks[my_node].index(rank)
+    local = layout.local_rank[rank]
     rail_members = [ranks[local] for ranks in node_ranks if len(ranks) > local]
     return _Groups(
         flat=list(layout.node_of),
@@ -273,7 +296,7 @@ def _groups(layout: Layout, rank: int) -> _Groups:
         leaders=list(range(len(node_ranks))) if local == 0 else None,
         node_index=my_node,
         rail=[layout.node_of[r] for r in rail_members],
-        rail_me=rail_members.index(rank),
+        rail_me=sum(1 for ranks in node_ranks[:my_node] if len(ranks) > local),
         node_ranks=node_ranks,
     )
 
