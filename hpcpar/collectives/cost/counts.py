@@ -35,7 +35,24 @@ class Counts:
     messages_inter: int = 0
     bytes_inter: int = 0
     reduced_bytes: int = 0
-    steps: int = 0
+    rounds_intra: int = 0
+    rounds_inter: int = 0
+
+    def round(self, same_node: bool, k: int = 1) -> None:
+        """Count ``k`` communication rounds on this rank's critical path (latency terms).
+
+        A round costs one latency even when its message is empty: the next round
+        waits for it (a ring's blocks travel one hop per round).
+        """
+        if same_node:
+            self.rounds_intra += k
+        else:
+            self.rounds_inter += k
+
+    @property
+    def rounds(self) -> int:
+        """All rounds."""
+        return self.rounds_intra + self.rounds_inter
 
     def send(self, nbytes: int, same_node: bool) -> None:
         """Count one message (empty ones are never sent)."""
@@ -55,8 +72,13 @@ class Counts:
 
     def as_tuple(self) -> tuple[int, int, int, int, int]:
         """(messages_intra, bytes_intra, messages_inter, bytes_inter, reduced_bytes)."""
-        return (self.messages_intra, self.bytes_intra, self.messages_inter, self.bytes_inter,
-                self.reduced_bytes)  # fmt: skip
+        return (
+            self.messages_intra,
+            self.bytes_intra,
+            self.messages_inter,
+            self.bytes_inter,
+            self.reduced_bytes,
+        )
 
 
 @dataclass(frozen=True)
@@ -112,7 +134,7 @@ def _ring_reduce_scatter(
         return
     _send_blocks(c, counts, me, item, nodes[(me + 1) % p] == nodes[me])
     c.reduced_bytes += (sum(counts) - counts[(me - 1) % p]) * item
-    c.steps += p - 1
+    c.round(nodes[(me + 1) % p] == nodes[me] and nodes[(me - 1) % p] == nodes[me], p - 1)
 
 
 def _ring_allgather(
@@ -122,7 +144,7 @@ def _ring_allgather(
     if p == 1:
         return
     _send_blocks(c, counts, (me - shift + 1) % p, item, nodes[(me + 1) % p] == nodes[me])
-    c.steps += p - 1
+    c.round(nodes[(me + 1) % p] == nodes[me] and nodes[(me - 1) % p] == nodes[me], p - 1)
 
 
 def _ring_allreduce(c: Counts, nodes: list[int], me: int, n: int, item: int) -> None:
@@ -136,18 +158,22 @@ def _ring_allreduce(c: Counts, nodes: list[int], me: int, n: int, item: int) -> 
 
 def _fold_in(c: Counts, nodes: list[int], me: int, nbytes: int, rem: int) -> None:
     if me < 2 * rem:
+        partner = me + 1 if me % 2 == 0 else me - 1
         if me % 2 == 0:
-            c.send(nbytes, nodes[me + 1] == nodes[me])
+            c.send(nbytes, nodes[partner] == nodes[me])
         else:
             c.reduced_bytes += nbytes
-        c.steps += 1
+        c.round(nodes[partner] == nodes[me])
+    elif rem:
+        c.round(len(set(nodes[: 2 * rem])) == 1 and nodes[0] == nodes[me])  # waits for partners
 
 
 def _unfold(c: Counts, nodes: list[int], me: int, nbytes: int, rem: int) -> None:
     if me < 2 * rem:
+        partner = me - 1 if me % 2 else me + 1
         if me % 2:
-            c.send(nbytes, nodes[me - 1] == nodes[me])
-        c.steps += 1
+            c.send(nbytes, nodes[partner] == nodes[me])
+        c.round(nodes[partner] == nodes[me])
 
 
 def _rd_allreduce(c: Counts, nodes: list[int], me: int, n: int, item: int) -> None:
@@ -163,7 +189,7 @@ def _rd_allreduce(c: Counts, nodes: list[int], me: int, n: int, item: int) -> No
             peer = real_rank(newrank ^ mask, rem)
             c.send(n * item, nodes[peer] == nodes[me])
             c.reduced_bytes += n * item
-            c.steps += 1
+            c.round(nodes[peer] == nodes[me])
             mask <<= 1
     _unfold(c, nodes, me, n * item, rem)
 
@@ -185,17 +211,22 @@ def _rabenseifner_allreduce(c: Counts, nodes: list[int], me: int, n: int, item: 
             c.send((give[1] - give[0]) * item, nodes[peer] == nodes[me])
             c.reduced_bytes += (keep[1] - keep[0]) * item
             kept.append((peer, keep[1] - keep[0]))
+            c.round(nodes[peer] == nodes[me], 2)  # once halving, once doubling
             lo, hi = keep
             mask <<= 1
         for peer, size in reversed(kept):
             c.send(size * item, nodes[peer] == nodes[me])
-        c.steps += 2 * len(kept)
     _unfold(c, nodes, me, n * item, rem)
 
 
 def _leaders_allreduce(c: Counts, nodes: list[int], me: int, n: int, item: int) -> None:
     inner = _rabenseifner_allreduce if n * item >= LARGE_BYTES else _rd_allreduce
     inner(c, nodes, me, n, item)
+
+
+def _tree_rounds(c: Counts, nodes: list[int]) -> None:
+    """A binomial tree's depth: every rank's critical path has that many rounds."""
+    c.round(len(set(nodes)) == 1, (len(nodes) - 1).bit_length())
 
 
 def _parent_mask(vrank: int, p: int) -> int:
@@ -213,21 +244,20 @@ def _binomial_bcast(c: Counts, nodes: list[int], me: int, nbytes: int, root: int
         if vrank + mask < p:
             c.send(nbytes, nodes[(vrank + mask + root) % p] == nodes[me])
         mask >>= 1
-    c.steps += 2
+    _tree_rounds(c, nodes)
 
 
 def _binomial_reduce(c: Counts, nodes: list[int], me: int, nbytes: int, root: int) -> None:
     p = len(nodes)
     vrank = (me - root) % p
+    _tree_rounds(c, nodes)
     mask = 1
     while mask < p:
         if vrank & mask:
             c.send(nbytes, nodes[(vrank - mask + root) % p] == nodes[me])
-            c.steps += 1
             return
         if vrank | mask < p:
             c.reduced_bytes += nbytes
-            c.steps += 1
         mask <<= 1
 
 
@@ -241,7 +271,7 @@ def _binomial_gather(
     if vrank:
         top = min(vrank + mask, p)
         c.send((starts[top] - starts[vrank]) * item, nodes[(vrank - mask + root) % p] == nodes[me])
-    c.steps += 2
+    _tree_rounds(c, nodes)
 
 
 def _binomial_scatter(
@@ -257,14 +287,14 @@ def _binomial_scatter(
             top = min(child + mask, p)
             c.send((starts[top] - starts[child]) * item, nodes[(child + root) % p] == nodes[me])
         mask >>= 1
-    c.steps += 2
+    _tree_rounds(c, nodes)
 
 
 def _dissemination(c: Counts, nodes: list[int], me: int) -> None:
     p, k = len(nodes), 1
     while k < p:
         c.send(1, nodes[(me + k) % p] == nodes[me])
-        c.steps += 1
+        c.round(nodes[(me + k) % p] == nodes[me])
         k <<= 1
 
 
@@ -335,8 +365,16 @@ def _allreduce(c: Counts, g: _Groups, algorithm: str, rank: int, n: int, item: i
         raise ValueError(f"no count model for allreduce algorithm {algorithm!r}")
 
 
-def _reduce(c: Counts, g: _Groups, algorithm: str, rank: int, n: int, item: int, root: int,
-            commutative: bool) -> None:  # fmt: skip
+def _reduce(
+    c: Counts,
+    g: _Groups,
+    algorithm: str,
+    rank: int,
+    n: int,
+    item: int,
+    root: int,
+    commutative: bool,
+) -> None:
     nbytes = n * item
     if algorithm == "binomial":
         if commutative or root == 0:
@@ -448,11 +486,13 @@ def _alltoall(
         for step in range(1, p):
             dest = (rank + step) % p
             c.send(send_counts[dest] * item, g.flat[dest] == g.flat[rank])
+            c.round(g.flat[dest] == g.flat[rank])
         return
     block, k = send_counts[0], 1  # bruck
     while k < p and block:
         rows = sum(1 for i in range(p) if i & k)
         c.send(rows * block * item, g.flat[(rank + k) % p] == g.flat[rank])
+        c.round(g.flat[(rank + k) % p] == g.flat[rank])
         k <<= 1
 
 

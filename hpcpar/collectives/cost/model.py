@@ -1,0 +1,238 @@
+"""Predicted times: the exact counts of ``counts.py`` priced with a machine profile.
+
+A rank's time is its messages and bytes per level priced at that level's alpha and
+beta, plus the bytes it reduces at gamma, plus hpcpar's own software costs (one call,
+one Python step per message round). Inter-node bytes are multiplied by how many ranks
+of a node drive the network link at once (one for the two-level algorithms, the number
+of rails for multi-leader, every rank of the node for flat exchanges). The pipelined
+algorithms overlap their stages: the first segment pays every stage, the rest only the
+slowest one. The call's time is the slowest rank's; for large jobs a few
+representative ranks stand in for all (first and last of nodes, fold boundaries).
+The MPI library's own call is priced from its measured table in the profile when
+there is one, otherwise as the best classic flat algorithm without hpcpar's overheads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..algorithms import ALGORITHMS, ORDER_NONE
+from ..pipelined import segment_elements
+from ..recursive_doubling import fold
+from .counts import (
+    Counts,
+    Layout,
+    _binomial_bcast,
+    _binomial_reduce,
+    _groups,
+    _leaders_allreduce,
+    counts_for,
+)
+from .profile import Profile
+
+__all__ = ["Prediction", "predict", "rank_algorithms", "representatives", "CLASSIC"]
+
+CLASSIC = {
+    "allreduce": ("recursive_doubling", "rabenseifner", "ring"),
+    "reduce": ("binomial",),
+    "bcast": ("binomial", "scatter_allgather"),
+    "allgather": ("ring", "recursive_doubling"),
+    "reduce_scatter": ("ring",),
+    "alltoall": ("pairwise", "bruck"),
+    "alltoallv": ("pairwise",),
+    "barrier": ("dissemination",),
+}
+_HIERARCHICAL_SINGLE_SENDER = {"two_level", "pipelined"}
+
+
+@dataclass
+class Prediction:
+    """One algorithm's predicted time for one call.
+
+    Attributes:
+        algorithm: Its name.
+        seconds: Predicted time of the call (the slowest rank's).
+        parts: Seconds by kind on the slowest rank: intra, inter, reduce, software.
+        worst_rank: The rank that sets the time.
+        counts: That rank's messages and bytes (None for the library's own call).
+        note: How the figure was obtained, when not from the counts.
+    """
+
+    algorithm: str
+    seconds: float
+    parts: dict[str, float] = field(default_factory=dict)
+    worst_rank: int = 0
+    counts: Counts | None = None
+    note: str = ""
+
+
+def representatives(layout: Layout, limit: int = 64) -> list[int]:
+    """Ranks whose times bound the others': every rank of small jobs, a sample of large."""
+    p = layout.size
+    if p <= limit:
+        return list(range(p))
+    picks = {0, 1, p - 1, p - 2, p // 2}
+    _, rem = fold(p)
+    picks |= {max(0, 2 * rem - 2), max(0, 2 * rem - 1), min(p - 1, 2 * rem)}
+    for ranks in layout.node_ranks[:2] + layout.node_ranks[-2:]:
+        picks |= {ranks[0], ranks[-1]}
+    return sorted(picks)
+
+
+def _sharing(algorithm: str, layout: Layout, rank: int) -> int:
+    local_size = len(layout.node_ranks[layout.node_of[rank]])
+    if algorithm in _HIERARCHICAL_SINGLE_SENDER:
+        return 1
+    if algorithm == "multi_leader":
+        return min(len(r) for r in layout.node_ranks)
+    if algorithm == "ring" and list(layout.node_of) == sorted(layout.node_of):
+        return 1  # one ring edge leaves each node
+    return local_size
+
+
+def _price(c: Counts, profile: Profile, sharing: int) -> dict[str, float]:
+    # Latency per round on the critical path; bandwidth per byte this rank sends.
+    return {
+        "intra": profile.intra.time(c.rounds_intra, c.bytes_intra),
+        "inter": profile.inter.time(c.rounds_inter, c.bytes_inter * sharing),
+        "reduce": c.reduced_bytes * profile.gamma_s_per_byte,
+        "software": profile.call_s + c.rounds * profile.step_s,
+    }
+
+
+def _pipelined(
+    collective: str,
+    layout: Layout,
+    rank: int,
+    count: int,
+    itemsize: int,
+    profile: Profile,
+    root: int,
+) -> dict[str, float]:
+    """Stages overlap across segments: the first segment pays all, the rest the slowest."""
+    g = _groups(layout, rank)
+    step = segment_elements(itemsize)
+    m = min(count, step)
+    segments = max(1, -(-count // step))
+    stages = [Counts() for _ in range(3)]
+    if collective == "allreduce":
+        _binomial_reduce(stages[0], g.node, g.local, m * itemsize, 0)
+        if g.leaders is not None:
+            _leaders_allreduce(stages[1], g.leaders, g.node_index, m, itemsize)
+    elif g.leaders is not None:  # bcast: leaders, then within the node
+        _binomial_bcast(stages[1], g.leaders, g.node_index, m * itemsize, layout.node_of[root])
+    _binomial_bcast(stages[2], g.node, g.local, m * itemsize, 0)
+    priced = [_price(c, profile, 1) for c in stages]
+    times = [sum(parts.values()) - profile.call_s for parts in priced]
+    parts = {
+        kind: sum(p[kind] for p in priced) for kind in ("intra", "inter", "reduce", "software")
+    }
+    parts["software"] -= 2 * profile.call_s  # one call, not one per stage
+    parts["overlap"] = (segments - 1) * max(times)
+    return parts
+
+
+def predict(
+    collective: str,
+    algorithm: str,
+    layout: Layout,
+    count: int,
+    itemsize: int,
+    profile: Profile,
+    *,
+    root: int = 0,
+    commutative: bool = True,
+    counts: list[int] | None = None,
+) -> Prediction:
+    """Predict one algorithm's time for one call (see the module docstring)."""
+    if algorithm == "mpi":
+        return _library(collective, layout, count, itemsize, profile, root, counts)
+    worst: Prediction | None = None
+    for rank in representatives(layout):
+        if algorithm == "pipelined" and collective in ("allreduce", "bcast"):
+            parts = _pipelined(collective, layout, rank, count, itemsize, profile, root)
+            c = None
+        else:
+            c = counts_for(
+                collective,
+                algorithm,
+                layout,
+                rank,
+                count,
+                itemsize,
+                root=root,
+                counts=counts,
+                commutative=commutative,
+            )
+            parts = _price(c, profile, _sharing(algorithm, layout, rank))  # type: ignore[arg-type]
+        total = sum(parts.values())
+        if worst is None or total > worst.seconds:
+            worst = Prediction(algorithm, total, parts, rank, c)
+    assert worst is not None
+    return worst
+
+
+def _library(
+    collective: str,
+    layout: Layout,
+    count: int,
+    itemsize: int,
+    profile: Profile,
+    root: int,
+    counts: list[int] | None,
+) -> Prediction:
+    nbytes = (sum(counts) if counts else count) * itemsize
+    measured = profile.library_time(collective, nbytes, layout.size)
+    if measured is not None:
+        return Prediction("mpi", measured, {"measured": measured}, note="measured in the profile")
+    best = min(
+        (
+            predict(collective, name, layout, count, itemsize, profile, root=root, counts=counts)
+            for name in CLASSIC[collective]
+        ),
+        key=lambda pred: pred.seconds - pred.parts.get("software", 0.0),
+    )
+    seconds = best.seconds - best.parts.get("software", 0.0) + profile.call_s
+    parts = {k: v for k, v in best.parts.items() if k != "software"}
+    return Prediction(
+        "mpi",
+        seconds,
+        parts,
+        best.worst_rank,
+        note=f"modelled as {best.algorithm} (no library timings in the profile)",
+    )
+
+
+def rank_algorithms(
+    collective: str,
+    layout: Layout,
+    count: int,
+    itemsize: int,
+    profile: Profile,
+    *,
+    root: int = 0,
+    commutative: bool = True,
+    contiguous: bool = True,
+    counts: list[int] | None = None,
+) -> list[Prediction]:
+    """Every algorithm valid for the op and layout, fastest predicted first."""
+    out = []
+    for name, algorithm in ALGORITHMS[collective].items():
+        if not commutative and (
+            algorithm.order == ORDER_NONE or (algorithm.order != "any" and not contiguous)
+        ):
+            continue
+        out.append(
+            predict(
+                collective,
+                name,
+                layout,
+                count,
+                itemsize,
+                profile,
+                root=root,
+                commutative=commutative,
+                counts=counts,
+            )
+        )
+    return sorted(out, key=lambda pred: pred.seconds)
