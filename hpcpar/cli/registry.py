@@ -21,6 +21,9 @@ BUILTIN_MODULES = (
     "hpcpar.cli.info",
     "hpcpar.cli.demo",
     "hpcpar.cli.launch",
+    "hpcpar.cli.explain",
+    "hpcpar.cli.calibrate",
+    "hpcpar.cli.simulate",
     "hpcpar.bench.command",
 )
 

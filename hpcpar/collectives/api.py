@@ -79,6 +79,7 @@ def _begin(
     op: ReduceOp | None,
     nbytes: int,
     blocking: bool,
+    itemsize: int = 1,
     **check: Any,
 ) -> tuple[Any, Any]:
     """Check arguments across ranks (HPCPAR_CHECK), choose the algorithm, open the call."""
@@ -87,7 +88,7 @@ def _begin(
         check_same(
             state.private, collective, algorithm=algorithm, op=op.name if op else None, **check
         )
-    chosen, reason = choose(collective, algorithm, op, state)
+    chosen, reason = choose(collective, algorithm, op, state, nbytes, itemsize)
     call = open_call(state, collective, chosen.name, nbytes, blocking)
     call.stats.steps.append(reason)
     return chosen, call
@@ -123,6 +124,7 @@ def _prepare_allreduce(
         rop,
         work.nbytes,
         blocking,
+        itemsize=data.itemsize,
         count=data.size,
         dtype=data.dtype.str,
         reproducible=bool(reproducible),
@@ -151,7 +153,8 @@ def _fast_allreduce(x: Any, op: Any, out: Any, comm: Any, algorithm: str) -> Any
     if state is None or type(x) is not np.ndarray or not isinstance(op, MPI.Op) or checking():
         return None
     if algorithm != "mpi" and (
-        algorithm != "auto" or choose("allreduce", "auto", None, state)[0].name != "mpi"
+        algorithm != "auto"
+        or choose("allreduce", "auto", None, state, x.nbytes, x.itemsize)[0].name != "mpi"
     ):
         return None
     rop = resolve_op(op, x.dtype)
@@ -248,6 +251,7 @@ def _prepare_reduce(
         rop,
         work.nbytes,
         blocking,
+        itemsize=data.itemsize,
         count=data.size,
         dtype=data.dtype.str,
         root=root,
@@ -320,6 +324,7 @@ def _prepare_bcast(
         None,
         work.nbytes,
         blocking,
+        itemsize=data.itemsize,
         count=data.size,
         dtype=data.dtype.str,
         root=root,
@@ -388,8 +393,9 @@ def _prepare_allgather(
         comm,
         algorithm,
         None,
-        data.nbytes,
+        sum(sizes) // p * data.itemsize,  # the same on every rank: auto must agree
         blocking,
+        itemsize=data.itemsize,
         counts=sizes,
         dtype=data.dtype.str,
     )
@@ -450,6 +456,7 @@ def _prepare_reduce_scatter(
         rop,
         work.nbytes,
         blocking,
+        itemsize=data.itemsize,
         counts=sizes,
         dtype=data.dtype.str,
         reproducible=bool(reproducible),
@@ -536,6 +543,7 @@ def _prepare_alltoall(
         None,
         data.nbytes,
         blocking,
+        itemsize=data.itemsize,
         count=data.size,
         dtype=data.dtype.str,
     )
@@ -570,7 +578,14 @@ def _prepare_alltoallv(
     send_counts = _counts(counts, state.size, "alltoallv", data.size)
     send = np.ascontiguousarray(data).reshape(-1)
     chosen, call = _begin(
-        "alltoallv", comm, algorithm, None, data.nbytes, blocking, dtype=data.dtype.str
+        "alltoallv",
+        comm,
+        algorithm,
+        None,
+        data.nbytes,
+        blocking,
+        itemsize=data.itemsize,
+        dtype=data.dtype.str,
     )
     result: list[Any] = []
 

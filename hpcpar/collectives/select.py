@@ -1,10 +1,10 @@
 """Choosing an algorithm: validate an explicit choice, or pick one for ``"auto"``.
 
 ``auto`` honours ``HPCPAR_ALGORITHM_<COLLECTIVE>`` (for example
-``HPCPAR_ALGORITHM_ALLREDUCE=ring``), then falls back to the MPI library's own call,
-which is the fastest measured on a single host (BENCHMARKS.md). A calibrated cost
-model replaces that fallback when it lands; the choice is always one that is correct
-for the op (rank order kept for non-commutative ops).
+``HPCPAR_ALGORITHM_ALLREDUCE=ring``); otherwise, with a calibrated profile in
+``HPCPAR_PROFILE``, it runs the cost model's fastest algorithm for the call's size class
+(cached per communicator), and without one the MPI library's own call. The choice is
+always correct for the op (rank order kept for non-commutative ops).
 """
 
 from __future__ import annotations
@@ -35,7 +35,12 @@ def valid_for(algorithm: Algorithm, op: ReduceOp | None, state: CommState) -> st
 
 
 def choose(
-    collective: str, algorithm: str, op: ReduceOp | None, state: CommState
+    collective: str,
+    algorithm: str,
+    op: ReduceOp | None,
+    state: CommState,
+    nbytes: int = 0,
+    itemsize: int = 1,
 ) -> tuple[Algorithm, str]:
     """Return the algorithm to run and the reason it was chosen.
 
@@ -50,7 +55,11 @@ def choose(
         if env:
             algorithm, reason = env, f"HPCPAR_ALGORITHM_{collective.upper()}={env}"
         else:
-            return table["mpi"], "auto: the MPI library's own call (no cost model calibrated yet)"
+            from .cost.explain import auto_choice
+
+            commutative = op is None or op.commutative
+            name, reason = auto_choice(collective, state, nbytes, itemsize, commutative)
+            return table[name], reason
     if algorithm not in table:
         names = ", ".join(["auto", *table])
         raise CollectiveError(

@@ -43,6 +43,7 @@ class CommState:
         tag_ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767
         self._tag_slots = max(1, (min(int(tag_ub), 1 << 30) - 1) // TAGS_PER_CALL)
         self._sequence = 0
+        self.auto_cache: dict[tuple[object, ...], tuple[str, str]] = {}
 
     def next_tag(self) -> int:
         """The base tag of the next collective call (every rank calls in the same order)."""

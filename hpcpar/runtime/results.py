@@ -16,7 +16,7 @@ from typing import Any
 
 from .._version import __version__
 
-__all__ = ["run_metadata", "write_json", "write_csv", "git_commit", "mpi_library"]
+__all__ = ["run_metadata", "write_json", "write_csv", "atomic_write", "git_commit", "mpi_library"]
 
 
 def git_commit(path: str | os.PathLike[str] | None = None) -> str | None:
@@ -100,7 +100,8 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (never half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     umask = os.umask(0)
@@ -141,7 +142,7 @@ def write_json(
             "metadata": run_metadata(comm, layout=layout, parameters=parameters),
             "results": _jsonable(results),
         }
-        _atomic_write(target, json.dumps(doc, indent=2) + "\n")
+        atomic_write(target, json.dumps(doc, indent=2) + "\n")
     return target
 
 
@@ -176,5 +177,5 @@ def write_csv(
     writer.writeheader()
     for row in rows:
         writer.writerow({k: _jsonable(v) for k, v in row.items()})
-    _atomic_write(target, buf.getvalue())
+    atomic_write(target, buf.getvalue())
     return target

@@ -38,23 +38,48 @@ def test_allreduce_bcast_reduce_counts(comm, layout, monkeypatch):
         x = contribution(rank, n, "f8")
         for algorithm in algorithms_for("allreduce")[1:]:
             hpcpar.allreduce(x, comm=h, algorithm=algorithm)
-            problems.append(check(comm, h, f"allreduce {algorithm} n={n}",
-                                  counts_for("allreduce", algorithm, lay, rank, n, 8)))  # fmt: skip
+            problems.append(
+                check(
+                    comm,
+                    h,
+                    f"allreduce {algorithm} n={n}",
+                    counts_for("allreduce", algorithm, lay, rank, n, 8),
+                )
+            )
         for root in sorted({0, size - 1}):
             for algorithm in algorithms_for("bcast")[1:]:
                 hpcpar.bcast(x.copy(), root, comm=h, algorithm=algorithm)
-                problems.append(check(comm, h, f"bcast {algorithm} root={root} n={n}",
-                                      counts_for("bcast", algorithm, lay, rank, n, 8, root=root)))  # fmt: skip
+                problems.append(
+                    check(
+                        comm,
+                        h,
+                        f"bcast {algorithm} root={root} n={n}",
+                        counts_for("bcast", algorithm, lay, rank, n, 8, root=root),
+                    )
+                )
             for algorithm in algorithms_for("reduce")[1:]:
                 hpcpar.reduce(x, root, comm=h, algorithm=algorithm)
-                problems.append(check(comm, h, f"reduce {algorithm} root={root} n={n}",
-                                      counts_for("reduce", algorithm, lay, rank, n, 8, root=root)))  # fmt: skip
+                problems.append(
+                    check(
+                        comm,
+                        h,
+                        f"reduce {algorithm} root={root} n={n}",
+                        counts_for("reduce", algorithm, lay, rank, n, 8, root=root),
+                    )
+                )
     if h.node_of == sorted(h.node_of):  # non-commutative reduce goes through rank 0
         y = contribution(rank, 5, [("m", "f8"), ("c", "f8")])
         hpcpar.reduce(y, size - 1, affine, comm=h, algorithm="binomial")
-        problems.append(check(comm, h, "reduce non-commutative",
-                              counts_for("reduce", "binomial", lay, rank, 5, 16, root=size - 1,
-                                         commutative=False)))  # fmt: skip
+        problems.append(
+            check(
+                comm,
+                h,
+                "reduce non-commutative",
+                counts_for(
+                    "reduce", "binomial", lay, rank, 5, 16, root=size - 1, commutative=False
+                ),
+            )
+        )
     bad = [p for p in problems if p]
     assert_all(not bad, f"layout {layout}: {bad[:3]}", comm)
     h.free()
@@ -72,23 +97,48 @@ def test_gather_scatter_alltoall_barrier_counts(comm, layout):
             hpcpar.allgather(
                 contribution(rank, counts[rank], "f4"), counts=counts, comm=h, algorithm=algorithm
             )
-            problems.append(check(comm, h, f"allgather {algorithm} n={n}",
-                                  counts_for("allgather", algorithm, lay, rank, 0, 4, counts=counts)))  # fmt: skip
+            problems.append(
+                check(
+                    comm,
+                    h,
+                    f"allgather {algorithm} n={n}",
+                    counts_for("allgather", algorithm, lay, rank, 0, 4, counts=counts),
+                )
+            )
         for algorithm in algorithms_for("reduce_scatter")[1:]:
             hpcpar.reduce_scatter(
                 contribution(rank, sum(counts), "f8"), counts=counts, comm=h, algorithm=algorithm
             )
-            problems.append(check(comm, h, f"reduce_scatter {algorithm} n={n}",
-                                  counts_for("reduce_scatter", algorithm, lay, rank, sum(counts), 8,
-                                             counts=counts)))  # fmt: skip
+            problems.append(
+                check(
+                    comm,
+                    h,
+                    f"reduce_scatter {algorithm} n={n}",
+                    counts_for(
+                        "reduce_scatter", algorithm, lay, rank, sum(counts), 8, counts=counts
+                    ),
+                )
+            )
         for algorithm in algorithms_for("alltoall")[1:]:
             hpcpar.alltoall(contribution(rank, n * size, "i2"), comm=h, algorithm=algorithm)
-            problems.append(check(comm, h, f"alltoall {algorithm} n={n}",
-                                  counts_for("alltoall", algorithm, lay, rank, n * size, 2)))  # fmt: skip
+            problems.append(
+                check(
+                    comm,
+                    h,
+                    f"alltoall {algorithm} n={n}",
+                    counts_for("alltoall", algorithm, lay, rank, n * size, 2),
+                )
+            )
         mine = [(rank + d + n) % 4 for d in range(size)]
         hpcpar.alltoallv(contribution(rank, sum(mine), "f8"), mine, comm=h, algorithm="pairwise")
-        problems.append(check(comm, h, f"alltoallv n={n}",
-                              counts_for("alltoallv", "pairwise", lay, rank, 0, 8, counts=mine)))  # fmt: skip
+        problems.append(
+            check(
+                comm,
+                h,
+                f"alltoallv n={n}",
+                counts_for("alltoallv", "pairwise", lay, rank, 0, 8, counts=mine),
+            )
+        )
     for algorithm in algorithms_for("barrier")[1:]:
         hpcpar.barrier(comm=h, algorithm=algorithm)
         problems.append(

@@ -1,0 +1,167 @@
+"""Measure a machine profile on the running job: ping-pongs, reductions, library calls.
+
+Collective over the job. Intra-node alpha/beta come from a ping-pong between two ranks
+of one node, inter-node from a ping-pong between two node leaders (copied from the
+intra-node level when the job has one node); gamma from numpy's add on a few MiB;
+hpcpar's software costs from its own calls against the library's; and the library's
+collectives are timed at a few sizes so ``auto`` can weigh them against hpcpar's.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .counts import Layout, counts_for
+from .profile import Level, Profile
+
+__all__ = ["calibrate", "PING_SIZES", "LIBRARY_SIZES"]
+
+PING_SIZES = (8, 512, 8192, 65536, 1 << 20)
+LIBRARY_SIZES = (8, 1024, 65536, 1 << 20, 8 << 20)
+_LIBRARY_COLLECTIVES = ("allreduce", "bcast", "reduce", "allgather", "reduce_scatter", "alltoall")
+
+
+def _median_time(comm: Any, op: Callable[[], Any], repeats: int) -> float:
+    """Median over ``repeats`` of the slowest rank's time for ``op`` (collective)."""
+    from mpi4py import MPI
+
+    samples = []
+    for _ in range(repeats):
+        comm.Barrier()
+        start = time.perf_counter()
+        op()
+        samples.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    return statistics.median(samples)
+
+
+def _ping_pong(comm: Any, a: int, b: int, repeats: int) -> Level | None:
+    """alpha/beta from a ping-pong between ranks ``a`` and ``b`` of ``comm`` (collective)."""
+    rank = comm.Get_rank()
+    times = []
+    for nbytes in PING_SIZES:
+        buf = np.zeros(nbytes, np.uint8)
+        samples = []
+        for _ in range(repeats):
+            comm.Barrier()
+            start = time.perf_counter()
+            if rank == a:
+                comm.Send(buf, b, 77)
+                comm.Recv(buf, b, 77)
+            elif rank == b:
+                comm.Recv(buf, a, 77)
+                comm.Send(buf, a, 77)
+            samples.append((time.perf_counter() - start) / 2)
+        times.append(comm.bcast(statistics.median(samples), root=a))
+    sizes = np.array(PING_SIZES, dtype=float)
+    beta, alpha = np.polyfit(sizes[1:], np.array(times[1:]), 1)
+    return Level(max(min(times[0], alpha if alpha > 0 else times[0]), 1e-9), max(beta, 1e-13))
+
+
+def _gamma() -> float:
+    a, b = np.ones(1 << 19), np.ones(1 << 19)  # 4 MiB each
+    samples = []
+    for _ in range(7):
+        start = time.perf_counter()
+        np.add(a, b, out=a)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) / a.nbytes
+
+
+def _library_call(comm: Any, collective: str, n: int) -> Callable[[], Any]:
+    """The library's own call of ``collective`` on ``n`` float64 per rank, buffers bound."""
+    p = comm.Get_size()
+    x, out = np.ones(n), np.empty(n)
+    if collective == "allreduce":
+        return lambda: comm.Allreduce(x, out)
+    if collective == "bcast":
+        return lambda: comm.Bcast(x, 0)
+    if collective == "reduce":
+        return lambda: comm.Reduce(x, out, root=0)
+    if collective == "allgather":
+        gathered = np.empty(n * p)
+        return lambda: comm.Allgather(x, gathered)
+    if collective == "reduce_scatter":
+        full = np.ones(n * p)
+        return lambda: comm.Reduce_scatter_block(full, out)
+    m = max(p, n - n % p)  # alltoall
+    send, recv = np.ones(m), np.empty(m)
+    return lambda: comm.Alltoall(send, recv)
+
+
+def _library_table(comm: Any, collective: str, repeats: int) -> list[list[float]]:
+    return [
+        [nbytes, _median_time(comm, _library_call(comm, collective, max(1, nbytes // 8)), repeats)]
+        for nbytes in LIBRARY_SIZES
+    ]
+
+
+def calibrate(comm: Any, hierarchy: Any, *, repeats: int = 9, name: str | None = None) -> Profile:
+    """Measure a profile for this job (collective over ``comm``)."""
+    import hpcpar
+
+    node_ranks = [hierarchy.ranks_of_node(i) for i in range(hierarchy.n_nodes)]
+    shared = next((ranks for ranks in node_ranks if len(ranks) > 1), None)
+    intra = _ping_pong(comm, shared[0], shared[1], repeats) if shared else None
+    inter = (
+        _ping_pong(comm, node_ranks[0][0], node_ranks[1][0], repeats)
+        if len(node_ranks) > 1
+        else None
+    )
+    if intra is None:
+        intra = inter or Level(1e-6, 1e-10)
+    if inter is None:
+        inter = intra
+    gamma = comm.allreduce(_gamma()) / comm.Get_size()
+    x, out = np.ones(1), np.empty(1)
+    direct = _median_time(comm, lambda: [comm.Allreduce(x, out) for _ in range(20)], repeats) / 20
+    through = (
+        _median_time(
+            comm,
+            lambda: [
+                hpcpar.allreduce(x, out=out, comm=hierarchy, algorithm="mpi") for _ in range(20)
+            ],
+            repeats,
+        )
+        / 20
+    )
+    stepped = (
+        _median_time(
+            comm,
+            lambda: [
+                hpcpar.allreduce(x, out=out, comm=hierarchy, algorithm="recursive_doubling")
+                for _ in range(20)
+            ],
+            repeats,
+        )
+        / 20
+    )
+    call_s = max(through - direct, 0.0)
+    layout = Layout(tuple(hierarchy.node_of))
+    rounds = max(counts_for("allreduce", "recursive_doubling", layout, 0, 1, 8).rounds, 1)
+    network = rounds * min(intra.alpha_s, inter.alpha_s)
+    step_s = max((stepped - call_s - network) / rounds, 0.0)
+    library = {
+        c: {
+            "ranks": comm.Get_size(),
+            "layout": hierarchy.layout,
+            "table": _library_table(comm, c, repeats),
+        }
+        for c in _LIBRARY_COLLECTIVES
+    }
+    where = f"{comm.Get_size()} ranks, layout {hierarchy.layout or 'real'}"
+    return Profile(
+        name=name or f"calibrated on {platform.node()} ({where})",
+        intra=intra,
+        inter=inter,
+        gamma_s_per_byte=gamma,
+        call_s=call_s,
+        step_s=step_s,
+        mpi_library=library,
+        calibrated=True,
+    )

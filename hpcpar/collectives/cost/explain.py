@@ -1,0 +1,196 @@
+"""``explain()``: which algorithm a collective call gets, what the model predicts, and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import CollectiveError
+from ..pipelined import segment_elements
+from .counts import Layout
+from .model import Prediction, rank_algorithms
+from .profile import Profile, active_profile, default_profile
+
+__all__ = ["Plan", "explain", "plan_for", "auto_choice"]
+
+
+@dataclass
+class Plan:
+    """The answer of ``explain``.
+
+    Attributes:
+        collective: The collective explained.
+        nbytes: Message size in bytes (per rank; the full vector for reductions).
+        algorithm: What ``algorithm="auto"`` runs.
+        reason: Why, in one sentence.
+        predicted_s: The model's time for the model's choice.
+        ranking: Every valid algorithm, fastest predicted first.
+        segment_bytes: Segment size when the choice is pipelined.
+        profile: The profile's name.
+        ranks: Ranks in the job; nodes: nodes in the layout.
+    """
+
+    collective: str
+    nbytes: int
+    algorithm: str
+    reason: str
+    predicted_s: float
+    ranking: list[Prediction] = field(default_factory=list)
+    segment_bytes: int | None = None
+    profile: str = ""
+    ranks: int = 1
+    nodes: int = 1
+
+    def __str__(self) -> str:
+        lines = [
+            f"explain {self.collective} of {self.nbytes} bytes on {self.ranks} rank(s), "
+            f"{self.nodes} node(s); profile: {self.profile}",
+            f"auto runs: {self.algorithm}",
+            f"reason:    {self.reason}",
+        ]
+        if self.segment_bytes:
+            lines.append(f"segments:  {self.segment_bytes} bytes")
+        lines.append(
+            f"{'algorithm':<20}{'predicted us':>14}{'intra us':>10}{'inter us':>10}"
+            f"{'reduce us':>10}{'software us':>12}{'overlap us':>11}  note"
+        )
+        for pred in self.ranking:
+            p = pred.parts
+            cells = [
+                p.get(k, 0.0) * 1e6 for k in ("intra", "inter", "reduce", "software", "overlap")
+            ]
+            lines.append(
+                f"{pred.algorithm:<20}{pred.seconds * 1e6:>14.1f}"
+                + "".join(f"{v:>10.1f}" for v in cells[:3])
+                + f"{cells[3]:>12.1f}{cells[4]:>11.1f}  {pred.note}"
+            )
+        return "\n".join(lines)
+
+
+def plan_for(
+    collective: str,
+    nbytes: int,
+    layout: Layout,
+    profile: Profile | None = None,
+    *,
+    itemsize: int = 8,
+    commutative: bool = True,
+    calibrated_only: bool = True,
+) -> Plan:
+    """The plan for a call of ``nbytes`` bytes on ``layout`` (pure; no MPI).
+
+    Args:
+        collective: Which collective.
+        nbytes: Bytes per rank (the whole vector for allreduce, reduce, bcast,
+            reduce_scatter; one rank's block for allgather; the send buffer for alltoall).
+        layout: The node of every rank.
+        profile: The machine profile (``HPCPAR_PROFILE``, else the default one).
+        itemsize: Element size.
+        commutative: Whether the op is commutative.
+        calibrated_only: Follow the model only with a calibrated profile (what
+            ``auto`` does); otherwise report the model's choice anyway.
+    """
+    if nbytes < 0:
+        raise CollectiveError(f"explain: size must be >= 0 bytes, not {nbytes}")
+    active = profile or active_profile() or default_profile()
+    count = nbytes // itemsize
+    p = layout.size
+    counts = [count] * p if collective == "allgather" else None
+    if collective == "alltoall":
+        count = count - count % p
+    contiguous = list(layout.node_of) == sorted(layout.node_of)
+    ranking = rank_algorithms(
+        collective,
+        layout,
+        count,
+        itemsize,
+        active,
+        commutative=commutative,
+        contiguous=contiguous,
+        counts=counts,
+    )
+    best = ranking[0]
+    follow = active.calibrated or not calibrated_only
+    if collective == "alltoallv":
+        chosen, reason = "mpi", "alltoallv sizes differ per rank, so auto keeps the library's call"
+    elif follow:
+        runner = ranking[1] if len(ranking) > 1 else None
+        chosen = best.algorithm
+        reason = f"fastest predicted ({best.seconds * 1e6:.1f} us)" + (
+            f"; next {runner.algorithm} at {runner.seconds * 1e6:.1f} us" if runner else ""
+        )
+    else:
+        chosen = "mpi"
+        reason = (
+            f"no calibrated profile (run 'hpcpar calibrate' and set HPCPAR_PROFILE), so the "
+            f"MPI library's own call; the default model would pick {best.algorithm}"
+        )
+    segment = segment_elements(itemsize) * itemsize if chosen == "pipelined" else None
+    return Plan(
+        collective,
+        nbytes,
+        chosen,
+        reason,
+        best.seconds,
+        ranking,
+        segment,
+        active.name,
+        p,
+        len(layout.node_ranks),
+    )
+
+
+def explain(
+    collective: str, nbytes: int, comm: Any = None, *, itemsize: int = 8, op: Any = None
+) -> Plan:
+    """Explain the algorithm ``auto`` chooses for ``collective`` of ``nbytes`` on ``comm``.
+
+    Collective the first time hpcpar uses ``comm`` (it builds the hierarchy), local after.
+    """
+    from ..ops import resolve_op
+    from ..state import state_for
+
+    if collective not in (
+        "allreduce",
+        "reduce",
+        "bcast",
+        "allgather",
+        "reduce_scatter",
+        "alltoall",
+        "alltoallv",
+        "barrier",
+    ):
+        raise CollectiveError(
+            f"explain: unknown collective {collective!r}; choose allreduce, reduce, bcast, "
+            "allgather, reduce_scatter, alltoall, alltoallv or barrier"
+        )
+    state = state_for(comm)
+    commutative = True
+    if op is not None:
+        import numpy as np
+
+        commutative = resolve_op(op, np.dtype(np.float64)).commutative
+    layout = Layout(tuple(state.node_of))
+    return plan_for(collective, nbytes, layout, itemsize=itemsize, commutative=commutative)
+
+
+def auto_choice(
+    collective: str, state: Any, nbytes: int, itemsize: int, commutative: bool
+) -> tuple[str, str]:
+    """What ``auto`` runs, cached per communicator, size class and op kind."""
+    profile = active_profile()
+    if profile is None or not profile.calibrated or collective == "alltoallv":
+        return "mpi", "auto: the MPI library's own call (no calibrated profile in HPCPAR_PROFILE)"
+    key = (collective, nbytes.bit_length(), itemsize, commutative, profile.name)
+    cache = state.auto_cache
+    if key not in cache:
+        plan = plan_for(
+            collective,
+            nbytes,
+            Layout(tuple(state.node_of)),
+            profile,
+            itemsize=itemsize,
+            commutative=commutative,
+        )
+        cache[key] = (plan.algorithm, f"auto: cost model, {plan.reason}")
+    return cache[key]

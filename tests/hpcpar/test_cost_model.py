@@ -1,0 +1,181 @@
+"""The cost model without MPI: crossovers, profiles, explain, simulate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hpcpar.collectives.cost.counts import Layout
+from hpcpar.collectives.cost.explain import plan_for
+from hpcpar.collectives.cost.model import predict, rank_algorithms
+from hpcpar.collectives.cost.profile import (
+    Level,
+    Profile,
+    ProfileError,
+    default_profile,
+    load_profile,
+    parse_network,
+    profile_from_json,
+)
+from hpcpar.collectives.cost.simulate import simulate
+
+# A classic flat network (one rank per node), no hpcpar overheads: the textbook setting.
+NETWORK = Profile("textbook", Level(1e-6, 1 / 10e9), Level(5e-6, 1 / 10e9), 1 / 20e9)
+
+
+def flat(p: int) -> Layout:
+    return Layout(tuple(range(p)))
+
+
+def crossover(collective: str, small: str, large: str, p: int) -> int:
+    """The first power-of-two size where ``large`` beats ``small``."""
+    size = 8
+    while size <= 1 << 30:
+        a = predict(collective, small, flat(p), size // 8, 8, NETWORK).seconds
+        b = predict(collective, large, flat(p), size // 8, 8, NETWORK).seconds
+        if b < a:
+            return size
+        size *= 2
+    raise AssertionError(f"{large} never beats {small}")
+
+
+@pytest.mark.parametrize("p", [16, 64, 1024])
+def test_recursive_doubling_vs_rabenseifner_crossover_at_a_few_kib(p):
+    # Thakur, Rabenseifner and Gropp: recursive doubling for short messages,
+    # Rabenseifner's algorithm beyond a few KiB.
+    assert 1024 <= crossover("allreduce", "recursive_doubling", "rabenseifner", p) <= 64 * 1024
+
+
+@pytest.mark.parametrize("p", [16, 64])
+def test_binomial_vs_scatter_allgather_bcast_crossover(p):
+    # van de Geijn: binomial trees for short broadcasts, scatter + allgather for long ones
+    size = crossover("bcast", "binomial", "scatter_allgather", p)
+    assert 64 * 1024 <= size <= 4 << 20
+
+
+def test_scatter_allgather_crossover_grows_with_the_ring_latency():
+    # its p-1 ring latencies push the crossover up as the job grows
+    sizes = [crossover("bcast", "binomial", "scatter_allgather", p) for p in (16, 64, 1024)]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
+
+
+def test_ring_loses_on_latency_and_wins_nothing_at_large_scale():
+    small = rank_algorithms("allreduce", flat(256), 1, 8, NETWORK)
+    assert small[-1].algorithm == "ring"  # 2(p-1) latencies
+    big = {
+        p.algorithm: p.seconds for p in rank_algorithms("allreduce", flat(8), 1 << 22, 8, NETWORK)
+    }
+    assert big["ring"] < big["recursive_doubling"]  # bandwidth-optimal beats log p full copies
+
+
+def test_hierarchy_pays_off_with_a_slow_network():
+    slow = Profile("slow", Level(0.3e-6, 1 / 20e9), Level(20e-6, 1 / 1e9), 1 / 20e9)
+    layout = Layout(tuple(r // 16 for r in range(256)))
+    ranking = [p.algorithm for p in rank_algorithms("allreduce", layout, 1 << 20, 8, slow)]
+    assert ranking.index("multi_leader") < ranking.index("ring")
+    assert ranking.index("two_level") < ranking.index("recursive_doubling")
+
+
+def test_non_commutative_ops_get_only_order_keeping_algorithms():
+    layout = Layout((0, 0, 1, 1))
+    names = {
+        p.algorithm
+        for p in rank_algorithms("allreduce", layout, 100, 8, NETWORK, commutative=False)
+    }
+    assert "ring" not in names and "multi_leader" not in names and "two_level" in names
+    names = {
+        p.algorithm
+        for p in rank_algorithms(
+            "allreduce", Layout((0, 1, 0, 1)), 100, 8, NETWORK, commutative=False, contiguous=False
+        )
+    }
+    assert names == {"mpi", "recursive_doubling", "rabenseifner"}
+
+
+def test_library_time_interpolates_its_table():
+    profile = profile_from_json(
+        {
+            **default_profile().to_json(),
+            "mpi_library": {
+                "allreduce": {"ranks": 4, "table": [[8, 1e-5], [8192, 4e-5], [1 << 20, 1e-3]]}
+            },
+        }
+    )
+    assert profile.library_time("allreduce", 8, 4) == pytest.approx(1e-5)
+    assert 1e-5 < profile.library_time("allreduce", 1024, 4) < 4e-5
+    assert profile.library_time("allreduce", 8, 2) is None  # measured at another rank count
+    assert (
+        predict("allreduce", "mpi", Layout((0, 0, 1, 1)), 1, 8, profile).note
+        == "measured in the profile"
+    )
+
+
+def test_auto_follows_the_model_only_with_a_calibrated_profile():
+    layout = Layout(tuple(r // 2 for r in range(8)))
+    assert plan_for("allreduce", 1 << 24, layout, default_profile()).algorithm == "mpi"
+    calibrated = profile_from_json({**NETWORK.to_json(), "calibrated": True})
+    plan = plan_for("allreduce", 1 << 24, layout, calibrated)
+    assert plan.algorithm == plan.ranking[0].algorithm and "fastest predicted" in plan.reason
+    text = str(plan)
+    assert "auto runs:" in text and "rabenseifner" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "alpha", "bandwidth"),
+    [("2us,25GB/s", 2e-6, 25e9), ("20us,10gbit", 20e-6, 1.25e9), ("1ms, 100MB/s", 1e-3, 1e8)],
+)
+def test_parse_network(text, alpha, bandwidth):
+    level = parse_network(text)
+    assert level.alpha_s == pytest.approx(alpha)
+    assert 1 / level.beta_s_per_byte == pytest.approx(bandwidth)
+
+
+@pytest.mark.parametrize(
+    "text", ["2us", "fast,slow", "2 parsecs,1GB/s", "2us,0GB/s", "2us,25GB/s,3"]
+)
+def test_parse_network_rejects(text):
+    with pytest.raises(ProfileError, match="bad network"):
+        parse_network(text)
+
+
+def test_profiles_round_trip_and_bad_files_are_clear(tmp_path):
+    good = tmp_path / "p.json"
+    good.write_text(json.dumps(NETWORK.to_json()))
+    assert load_profile(good) == NETWORK
+    cases = {
+        "notjson.json": ("{not json", "not valid JSON"),
+        "format.json": (json.dumps({"format": "other"}), "not an hpcpar profile"),
+        "version.json": (
+            json.dumps({**NETWORK.to_json(), "version": 9}),
+            "unsupported profile version",
+        ),
+        "missing.json": (
+            json.dumps({**NETWORK.to_json(), "levels": {"intra": {}}}),
+            "missing levels.intra.alpha_s",
+        ),
+        "negative.json": (
+            json.dumps({**NETWORK.to_json(), "gamma_s_per_byte": -1}),
+            "gamma_s_per_byte must be",
+        ),
+        "table.json": (
+            json.dumps({**NETWORK.to_json(), "mpi_library": {"bcast": {"table": "x"}}}),
+            "table must be",
+        ),
+    }
+    for name, (text, message) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(ProfileError, match=message) as info:
+            load_profile(path)
+        assert "\n" not in str(info.value)
+    with pytest.raises(ProfileError, match="cannot read profile"):
+        load_profile(tmp_path / "absent.json")
+
+
+def test_simulate_reaches_65536_ranks():
+    rows = simulate("allreduce", [1, 1024], 64, [8, 1 << 30], NETWORK)
+    winners = {(r.nodes, r.nbytes): r.algorithm for r in rows if r.winner}
+    assert set(winners) == {(1, 8), (1, 1 << 30), (1024, 8), (1024, 1 << 30)}
+    assert all(r.seconds > 0 for r in rows)
+    assert winners[(1024, 8)] in ("recursive_doubling", "two_level", "pipelined")
