@@ -19,7 +19,14 @@ from .errors import LaunchError
 from .layout import node_assignment
 from .runtime.mpiinfo import MPIInstallation, find_mpi
 
-__all__ = ["LaunchPlan", "plan_launch", "run_job", "oversubscription_env", "TIMEOUT_EXIT"]
+__all__ = [
+    "LaunchPlan",
+    "plan_launch",
+    "rank_command",
+    "run_job",
+    "oversubscription_env",
+    "TIMEOUT_EXIT",
+]
 
 TIMEOUT_EXIT = 124  # what timeout(1) returns, so scripts can tell a time-out apart
 
@@ -67,7 +74,12 @@ def oversubscription_env(vendor: str, ranks: int, cores: int) -> dict[str, str]:
     return env
 
 
-def _rank_command(command: Sequence[str], known_commands: Collection[str]) -> list[str]:
+def rank_command(command: Sequence[str], known_commands: Collection[str]) -> list[str]:
+    """What every rank runs: an hpcpar subcommand, a script under the abort runner, a program.
+
+    Raises:
+        LaunchError: nothing to run, a missing script, or an unknown program.
+    """
     if not command:
         raise LaunchError(
             "launch: nothing to run; give a command after --, e.g. 'hpcpar launch -n 4 -- demo'"
@@ -129,7 +141,7 @@ def plan_launch(
         raise LaunchError(f"launch: -n must be at least 1, not {ranks}")
     if layout:
         node_assignment(layout, ranks)  # a bad layout fails here, before any rank starts
-    rank_argv = _rank_command(command, known_commands)
+    rank_argv = rank_command(command, known_commands)
     mpi = mpi or find_mpi()
     cores = cores or _cores()
     if launcher == "auto":

@@ -24,6 +24,7 @@ BUILTIN_MODULES = (
     "hpcpar.cli.explain",
     "hpcpar.cli.calibrate",
     "hpcpar.cli.simulate",
+    "hpcpar.cli.vcluster",
     "hpcpar.bench.command",
 )
 
