@@ -1,0 +1,161 @@
+"""The virtual cluster: command plans (pure), and real namespaces where root allows."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from hpcpar.vcluster.netns import ClusterSpec, VClusterError, _setup_commands, parse_link, plan_run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def hpcpar(*args, timeout=300, user=None):
+    cmd = [sys.executable, "-m", "hpcpar", *args]
+    if user:
+        cmd = [
+            "setpriv",
+            f"--reuid={user}",
+            f"--regid={user}",
+            "--clear-groups",
+            *cmd,
+        ]  # numeric ids
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "HPCPAR_"))
+    }
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def leftovers() -> list[str]:
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    ours = [word for word in links.split() if word.startswith("hpv")]
+    return [n for n in names if n.startswith("hpv-")] + ours
+
+
+def namespaces_work() -> str | None:
+    """None if this process can make network namespaces, else why not."""
+    if os.geteuid() != 0:
+        return "needs root"
+    if not all(shutil.which(t) for t in ("ip", "tc", "unshare")):
+        return "needs ip, tc and unshare (iproute2, util-linux)"
+    probe = subprocess.run(["ip", "netns", "add", "hpv-probe"], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", "hpv-probe"], capture_output=True)
+    return (
+        None if probe.returncode == 0 else f"cannot make network namespaces: {probe.stderr.strip()}"
+    )
+
+
+WHY_NOT = namespaces_work()
+needs_namespaces = pytest.mark.skipif(WHY_NOT is not None, reason=f"virtual cluster: {WHY_NOT}")
+
+
+def test_link_shaping_arguments():
+    assert parse_link("20us,10gbit") == ["netem", "delay", "20us", "rate", "10gbit"]
+    assert parse_link("1ms,100mbit", netem=False)[:3] == ["tbf", "rate", "100mbit"]
+    for bad in ("20us", "fast,10gbit", "20us,10gbps", "20,10gbit"):
+        with pytest.raises(VClusterError, match="bad --link"):
+            parse_link(bad)
+
+
+def test_setup_and_run_plans():
+    spec = ClusterSpec(3, "20us,10gbit", "10.213.9")
+    cmds = [" ".join(c) for c in _setup_commands(spec)]
+    assert "ip addr add 10.213.9.1/24 dev hpvbr0" in cmds
+    assert "ip -n hpv-node2 addr add 10.213.9.4/24 dev eth0" in cmds
+    assert sum("netem delay 20us rate 10gbit" in c for c in cmds) == 3
+    argv = plan_run(spec, 2, ["python", "x.py"], "/opt/mpich/bin/mpiexec")
+    assert argv[argv.index("-hosts") + 1] == "vnode0:2,vnode1:2,vnode2:2"
+    assert argv[argv.index("-localhost") + 1] == "10.213.9.1" and argv[-3:] == [
+        "6",
+        "python",
+        "x.py",
+    ]
+
+
+def test_bad_input_is_one_line():
+    for args, message in (
+        (["vcluster", "up", "--nodes", "0"], "--nodes must be 1..64"),
+        (["vcluster", "up", "--nodes", "2", "--link", "fast"], "bad --link"),
+        (["vcluster", "up", "--nodes", "2", "--subnet", "192.168.1"], "bad --subnet"),
+        (["vcluster"], "name an action"),
+    ):
+        proc = hpcpar(*args)
+        assert proc.returncode == 2, proc.stderr
+        first_error = next(line for line in proc.stderr.splitlines() if "error:" in line)
+        assert first_error.count(message) == 1
+        assert "Traceback" not in proc.stderr
+
+
+@needs_namespaces
+def test_without_privileges_nothing_is_made():
+    proc = hpcpar("vcluster", "up", "--nodes", "2", user="65534")
+    assert proc.returncode == 2 and "needs root" in proc.stderr and "Traceback" not in proc.stderr
+    assert leftovers() == []
+
+
+@pytest.fixture
+def cluster():
+    assert leftovers() == [], "a virtual cluster is already up"
+    try:
+        up = hpcpar("vcluster", "up", "--nodes", "2", "--link", "50us,1gbit")
+        assert up.returncode == 0, up.stderr
+        yield
+    finally:
+        down = hpcpar("vcluster", "down")
+        assert down.returncode == 0, down.stderr
+        assert leftovers() == []
+
+
+@needs_namespaces
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_collectives_across_tcp_node_boundaries(cluster):
+    assert "already up" in hpcpar("vcluster", "up", "--nodes", "2").stderr
+    tests = [
+        f"tests/hpcpar/test_{name}.py"
+        for name in ("collectives_reduce", "collectives_data", "topology")
+    ]
+    selection = "None or ppn:2 or test_hierarchy or test_alltoall"
+    proc = hpcpar(
+        "vcluster",
+        "run",
+        "--ppn",
+        "2",
+        "--timeout",
+        "500",
+        "--",
+        "python",
+        "-m",
+        "pytest",
+        "--with-mpi",
+        "-m",
+        "mpi",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *tests,
+        "-k",
+        selection,
+        timeout=560,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout
+    demo = hpcpar(
+        "vcluster", "run", "--ppn", "2", "--timeout", "120", "--", "demo", "--count", "10000"
+    )
+    assert demo.returncode == 0 and "on 2 node(s), even (real nodes)" in demo.stdout
+    assert "vnode0" in demo.stdout and "vnode1" in demo.stdout
+
+
+def test_run_without_a_cluster_is_an_error():
+    if leftovers():
+        pytest.skip("a virtual cluster is up")
+    proc = hpcpar("vcluster", "run", "--", "demo")
+    assert proc.returncode == 2 and "no virtual cluster is up" in proc.stderr
