@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         reduce,
         reduce_scatter,
     )
+    from .collectives.cost.explain import explain
     from .runtime.comm import default_comm
     from .topology import Hierarchy
 
@@ -61,6 +62,7 @@ __all__ = [
     "ialltoall",
     "ialltoallv",
     "ibarrier",
+    "explain",
 ]
 
 # Subpackages reachable as attributes (``hpcpar.collectives``) without an explicit import.
@@ -79,8 +81,16 @@ _SUBPACKAGES = (
 _LAZY = {
     "Hierarchy": "hpcpar.topology",
     "default_comm": "hpcpar.runtime.comm",
-    **{name: "hpcpar.collectives" for name in __all__[8:]},
-}
+    "explain": "hpcpar.collectives.cost.explain",
+    **dict.fromkeys(
+        (
+            "allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall", "alltoallv",
+            "barrier", "iallreduce", "ireduce", "ibcast", "iallgather", "ireduce_scatter",
+            "ialltoall", "ialltoallv", "ibarrier",
+        ),
+        "hpcpar.collectives",
+    ),
+}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

@@ -35,6 +35,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="algorithms to run (default: all, plus auto)",
     )
     parser.add_argument("--no-gloo", action="store_true", help="leave torch.distributed/gloo out")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="add the cost model's prediction for each variant (a calibrated profile)",
+    )
 
 
 def _hpcpar_case(comm: Any, h: Any, collective: str, algorithm: str) -> Callable[[int], Any]:
@@ -202,12 +208,32 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     gloo = None if args.no_gloo else _gloo_case(comm, args.collective)
     if gloo is not None:
         variants.append(Variant("torch-gloo", gloo))
+    predict = _predictor(args, h) if args.profile else None
+    title = f"collectives {args.collective} (float64)"
     try:
-        return run_sweep(
-            comm, args, variants, title=f"collectives {args.collective} (float64)", unit=8
-        )
+        return run_sweep(comm, args, variants, title=title, unit=8, predict=predict)
     finally:
         h.free()
+
+
+def _predictor(args: argparse.Namespace, h: Any) -> Callable[[str, int], float | None]:
+    """The cost model's time for a variant at a size, in microseconds."""
+    from ..collectives.cost.counts import Layout
+    from ..collectives.cost.explain import plan_for
+    from ..collectives.cost.profile import load_profile
+
+    profile = load_profile(args.profile)
+    layout = Layout(tuple(h.node_of))
+
+    def predict(variant: str, nbytes: int) -> float | None:
+        if variant == "torch-gloo":
+            return None
+        plan = plan_for(args.collective, nbytes, layout, profile)
+        wanted = {"mpi-direct": "mpi", "auto": plan.algorithm}.get(variant, variant)
+        found = next((p for p in plan.ranking if p.algorithm == wanted), None)
+        return None if found is None else found.seconds * 1e6
+
+    return predict
 
 
 def _bus_factor(ranks: int) -> float:

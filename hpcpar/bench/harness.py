@@ -78,6 +78,7 @@ class Measurement:
     busbw_gbs: float | None
     vs_peer: float | None
     valid: bool
+    predicted_us: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Return the fields as a plain dict (for JSON and CSV)."""
@@ -273,12 +274,19 @@ def format_row(m: Measurement) -> str:
             _fmt(m.spread_pct, 9, 1),
             _fmt(m.vs_peer, 8, 2),
             f"{'yes' if m.valid else 'NO':>5}",
+            _fmt(m.predicted_us, 12, 2),
         ]
     )
 
 
 def run_sweep(
-    comm: Any, args: argparse.Namespace, variants: list[Variant], *, title: str, unit: int = 1
+    comm: Any,
+    args: argparse.Namespace,
+    variants: list[Variant],
+    *,
+    title: str,
+    unit: int = 1,
+    predict: Callable[[str, int], float | None] | None = None,
 ) -> list[Any]:
     """Print the OSU header, sweep the sizes printing rows as they finish, return rows.
 
@@ -306,6 +314,9 @@ def run_sweep(
         print(format_header(), flush=True)
 
     def show(batch: list[Any]) -> None:
+        if predict is not None:
+            for m in batch:
+                m.predicted_us = predict(m.variant, m.size)
         if rank == 0:
             for m in batch:
                 print(format_row(m), flush=True)
