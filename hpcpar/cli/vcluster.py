@@ -79,7 +79,7 @@ def _run_job(spec: Any, args: argparse.Namespace, known: Any) -> int:
     from ..errors import UsageError
     from ..launcher import LaunchPlan, oversubscription_env, rank_command, run_job
     from ..runtime.mpiinfo import find_mpi
-    from ..vcluster.netns import plan_run
+    from ..vcluster.netns import network_env, plan_run
 
     if args.ppn < 1:
         raise UsageError(f"vcluster run: --ppn must be at least 1, not {args.ppn}")
@@ -94,6 +94,7 @@ def _run_job(spec: Any, args: argparse.Namespace, known: Any) -> int:
     import os
 
     env = oversubscription_env(mpi.vendor, ranks, len(os.sched_getaffinity(0)))
+    env.update(network_env(os.environ))
     if args.dry_run:
         print(shlex.join(argv), flush=True)
         return 0

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..errors import HpcparError
 
 __all__ = [
+    "network_env",
     "ClusterSpec",
     "VClusterError",
     "cluster_up",
@@ -233,6 +234,17 @@ def cluster_down() -> list[str]:
     for path in (_state_file(), wrapper_path()):
         path.unlink(missing_ok=True)
     return removed
+
+
+def network_env(environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """Make MPICH cross virtual nodes over TCP (through the shaped links).
+
+    The namespaces share one kernel, so MPICH's default UCX transports (and libfabric's
+    shm provider) would carry "inter-node" messages through shared memory and bypass the
+    links. Variables the user already set are left alone.
+    """
+    wanted = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
+    return {k: v for k, v in wanted.items() if k not in environ}
 
 
 def plan_run(spec: ClusterSpec, ppn: int, rank_argv: list[str], mpiexec: str) -> list[str]:
