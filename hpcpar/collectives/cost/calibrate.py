@@ -23,7 +23,7 @@ from .profile import Level, Profile
 __all__ = ["calibrate", "PING_SIZES", "LIBRARY_SIZES"]
 
 PING_SIZES = (8, 512, 8192, 65536, 1 << 20)
-LIBRARY_SIZES = (8, 1024, 65536, 1 << 20, 8 << 20)
+LIBRARY_SIZES = tuple(8 << (2 * k) for k in range(11))  # 8 B to 8 MiB, powers of 4
 _LIBRARY_COLLECTIVES = ("allreduce", "bcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 
 
@@ -101,10 +101,44 @@ def _library_table(comm: Any, collective: str, repeats: int) -> list[list[float]
     ]
 
 
-def calibrate(comm: Any, hierarchy: Any, *, repeats: int = 9, name: str | None = None) -> Profile:
-    """Measure a profile for this job (collective over ``comm``)."""
+def _per_call(comm: Any, op: Callable[[], Any], repeats: int, calls: int = 20) -> float:
+    return _median_time(comm, lambda: [op() for _ in range(calls)], repeats) / calls
+
+
+def _software_costs(
+    comm: Any, hierarchy: Any, intra: Level, inter: Level, repeats: int
+) -> tuple[float, float]:
+    """The Python cost hpcpar adds per call and per round.
+
+    Per call: its ``mpi`` path against the library's own call. Per round: the slope
+    between two algorithms with different round counts, less one latency.
+    """
     import hpcpar
 
+    x, out = np.ones(1), np.empty(1)
+    direct = _per_call(comm, lambda: comm.Allreduce(x, out), repeats)
+    through = _per_call(
+        comm, lambda: hpcpar.allreduce(x, out=out, comm=hierarchy, algorithm="mpi"), repeats
+    )
+    layout = Layout(tuple(hierarchy.node_of))
+    timed = {}
+    for name in ("recursive_doubling", "ring"):
+        timed[name] = (
+            _per_call(
+                comm,
+                lambda name=name: hpcpar.allreduce(x, out=out, comm=hierarchy, algorithm=name),
+                repeats,
+            ),
+            counts_for("allreduce", name, layout, 0, 1, 8).rounds,
+        )
+    (t_few, few), (t_many, many) = sorted(timed.values(), key=lambda tr: tr[1])
+    latency = min(intra.alpha_s, inter.alpha_s)
+    slope = (t_many - t_few) / (many - few) if many > few else t_few / max(few, 1)
+    return max(through - direct, 0.0), max(slope - latency, 0.0)
+
+
+def calibrate(comm: Any, hierarchy: Any, *, repeats: int = 9, name: str | None = None) -> Profile:
+    """Measure a profile for this job (collective over ``comm``)."""
     node_ranks = [hierarchy.ranks_of_node(i) for i in range(hierarchy.n_nodes)]
     shared = next((ranks for ranks in node_ranks if len(ranks) > 1), None)
     intra = _ping_pong(comm, shared[0], shared[1], repeats) if shared else None
@@ -118,34 +152,7 @@ def calibrate(comm: Any, hierarchy: Any, *, repeats: int = 9, name: str | None =
     if inter is None:
         inter = intra
     gamma = comm.allreduce(_gamma()) / comm.Get_size()
-    x, out = np.ones(1), np.empty(1)
-    direct = _median_time(comm, lambda: [comm.Allreduce(x, out) for _ in range(20)], repeats) / 20
-    through = (
-        _median_time(
-            comm,
-            lambda: [
-                hpcpar.allreduce(x, out=out, comm=hierarchy, algorithm="mpi") for _ in range(20)
-            ],
-            repeats,
-        )
-        / 20
-    )
-    stepped = (
-        _median_time(
-            comm,
-            lambda: [
-                hpcpar.allreduce(x, out=out, comm=hierarchy, algorithm="recursive_doubling")
-                for _ in range(20)
-            ],
-            repeats,
-        )
-        / 20
-    )
-    call_s = max(through - direct, 0.0)
-    layout = Layout(tuple(hierarchy.node_of))
-    rounds = max(counts_for("allreduce", "recursive_doubling", layout, 0, 1, 8).rounds, 1)
-    network = rounds * min(intra.alpha_s, inter.alpha_s)
-    step_s = max((stepped - call_s - network) / rounds, 0.0)
+    call_s, step_s = _software_costs(comm, hierarchy, intra, inter, repeats)
     library = {
         c: {
             "ranks": comm.Get_size(),
