@@ -59,6 +59,11 @@ def choose(
 
             commutative = op is None or op.commutative
             name, reason = auto_choice(collective, state, nbytes, itemsize, commutative)
+            if valid_for(table[name], op, state):  # a rule cannot force a wrong result
+                name, reason = (
+                    "mpi",
+                    f"auto: {name} cannot reduce op {op.name}, so the library's call",
+                )
             return table[name], reason
     if algorithm not in table:
         names = ", ".join(["auto", *table])

@@ -179,3 +179,59 @@ def test_simulate_reaches_65536_ranks():
     assert set(winners) == {(1, 8), (1, 1 << 30), (1024, 8), (1024, 1 << 30)}
     assert all(r.seconds > 0 for r in rows)
     assert winners[(1024, 8)] in ("recursive_doubling", "two_level", "pipelined")
+
+
+def test_rules_files(tmp_path):
+    from hpcpar.collectives.cost.rules import RulesError, load_rules, match_rule
+
+    good = tmp_path / "rules.json"
+    good.write_text(
+        json.dumps(
+            {
+                "format": "hpcpar-rules",
+                "version": 1,
+                "allreduce": [
+                    {"max_bytes": 65536, "algorithm": "recursive_doubling"},
+                    {"min_nodes": 2, "algorithm": "multi_leader"},
+                    {"algorithm": "ring"},
+                ],
+            }
+        )
+    )
+    rules = load_rules(good)
+    assert match_rule(rules, "allreduce", 1024, 4, 1) == "recursive_doubling"
+    assert match_rule(rules, "allreduce", 1 << 20, 4, 2) == "multi_leader"
+    assert match_rule(rules, "allreduce", 1 << 20, 4, 1) == "ring"
+    assert match_rule(rules, "bcast", 8, 4, 1) is None
+    bad = {
+        "format": ({"format": "x"}, "not an hpcpar rules file"),
+        "collective": (
+            {"format": "hpcpar-rules", "version": 1, "gather": []},
+            "unknown collective 'gather'",
+        ),
+        "algorithm": (
+            {"format": "hpcpar-rules", "version": 1, "bcast": [{"algorithm": "ring"}]},
+            "unknown algorithm 'ring'",
+        ),
+        "key": (
+            {
+                "format": "hpcpar-rules",
+                "version": 1,
+                "bcast": [{"algorithm": "binomial", "when": 1}],
+            },
+            "unknown key",
+        ),
+        "bound": (
+            {
+                "format": "hpcpar-rules",
+                "version": 1,
+                "bcast": [{"algorithm": "binomial", "max_bytes": -5}],
+            },
+            "max_bytes must be",
+        ),
+    }
+    for name, (doc, message) in bad.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(doc))
+        with pytest.raises(RulesError, match=message):
+            load_rules(path)

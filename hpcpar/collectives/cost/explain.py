@@ -177,7 +177,21 @@ def explain(
 def auto_choice(
     collective: str, state: Any, nbytes: int, itemsize: int, commutative: bool
 ) -> tuple[str, str]:
-    """What ``auto`` runs, cached per communicator, size class and op kind."""
+    """What ``auto`` runs: a rule (``HPCPAR_RULES``), else the model, else the library.
+
+    The model's choice is cached per communicator, size class and op kind.
+    """
+    from .rules import active_rules, match_rule
+
+    rules = active_rules()
+    if rules:
+        nodes = max(state.node_of) + 1
+        ruled = match_rule(rules, collective, nbytes, state.size, nodes)
+        if ruled is not None:
+            return (
+                ruled,
+                f"auto: rule in HPCPAR_RULES ({ruled} for {nbytes} bytes on {state.size} ranks)",
+            )
     profile = active_profile()
     if profile is None or not profile.calibrated or collective == "alltoallv":
         return "mpi", "auto: the MPI library's own call (no calibrated profile in HPCPAR_PROFILE)"
