@@ -246,6 +246,7 @@ _COLUMNS = (
     ("Spread(%)", 9),
     ("vs_peer", 8),
     ("Valid", 5),
+    ("Pred(us)", 12),
 )
 
 

@@ -183,13 +183,13 @@ def cluster_up(spec: ClusterSpec) -> list[str]:
         )
     if spec.link:
         parse_link(spec.link)
-    if cluster_status() is not None:
-        raise VClusterError("a virtual cluster is already up; run 'hpcpar vcluster down' first")
     for tool in ("ip", "tc", "unshare"):
         if shutil.which(tool) is None:
             raise VClusterError(f"vcluster needs '{tool}' (Debian: iproute2, util-linux)")
     if hasattr(os, "geteuid") and os.geteuid() != 0:
         raise VClusterError("vcluster needs root (network namespaces, veth links and tc)")
+    if cluster_status() is not None:
+        raise VClusterError("a virtual cluster is already up; run 'hpcpar vcluster down' first")
     warnings = []
     netem = netem_available() if spec.link else True
     if not netem:
