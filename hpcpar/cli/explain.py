@@ -5,21 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..collectives.names import COLLECTIVES
 from .common import add_layout_argument
 from .registry import Command, register
 
 __all__ = ["add_machine_arguments", "machine_layout", "machine_profile"]
-
-COLLECTIVES = (
-    "allreduce",
-    "reduce",
-    "bcast",
-    "allgather",
-    "reduce_scatter",
-    "alltoall",
-    "alltoallv",
-    "barrier",
-)
 
 
 def add_machine_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..collectives.names import COLLECTIVES
 from .explain import add_machine_arguments, machine_profile
 from .registry import Command, register
 
@@ -19,7 +20,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--collective",
         default="allreduce",
-        choices=("allreduce", "bcast", "reduce", "allgather", "reduce_scatter", "alltoall"),
+        choices=[c for c in COLLECTIVES if c not in ("alltoallv", "barrier")],
     )
     parser.add_argument("--min-size", default="8", metavar="SIZE")
     parser.add_argument("--max-size", default="1GiB", metavar="SIZE")

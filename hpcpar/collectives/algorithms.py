@@ -28,6 +28,7 @@ from . import (
     two_level,
 )
 from .call import Call
+from .names import COLLECTIVES
 from .schedule import Schedule
 
 __all__ = ["Algorithm", "ALGORITHMS", "ORDER_ANY", "ORDER_CONTIGUOUS", "ORDER_NONE", "COLLECTIVES"]
@@ -136,4 +137,4 @@ ALGORITHMS: dict[str, dict[str, Algorithm]] = {
     ),
 }
 
-COLLECTIVES = tuple(ALGORITHMS)
+assert tuple(ALGORITHMS) == COLLECTIVES

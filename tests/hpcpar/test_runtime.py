@@ -48,6 +48,18 @@ def test_import_does_not_start_mpi():
     assert out.stdout.strip() == "False"
 
 
+def test_the_launcher_path_does_not_start_mpi():
+    # 'hpcpar launch' must not become an MPI process before it starts mpiexec
+    import subprocess
+
+    code = (
+        "import sys; from hpcpar.cli.main import build_parser; build_parser(); "
+        "print('mpi4py.MPI' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_errors_are_one_family():
     for name in ("UsageError", "LayoutError", "LaunchError", "CommunicatorError"):
         assert issubclass(getattr(hpcpar, name), HpcparError)

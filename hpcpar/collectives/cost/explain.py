@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CollectiveError
+from ..names import COLLECTIVES
 from ..pipelined import segment_elements
 from .counts import Layout
 from .model import Prediction, rank_algorithms
@@ -150,16 +151,7 @@ def explain(
     from ..ops import resolve_op
     from ..state import state_for
 
-    if collective not in (
-        "allreduce",
-        "reduce",
-        "bcast",
-        "allgather",
-        "reduce_scatter",
-        "alltoall",
-        "alltoallv",
-        "barrier",
-    ):
+    if collective not in COLLECTIVES:
         raise CollectiveError(
             f"explain: unknown collective {collective!r}; choose allreduce, reduce, bcast, "
             "allgather, reduce_scatter, alltoall, alltoallv or barrier"
