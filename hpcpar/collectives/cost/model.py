@@ -235,4 +235,5 @@ def rank_algorithms(
                 counts=counts,
             )
         )
-    return sorted(out, key=lambda pred: pred.seconds)
+    # On a tie, prefer a concrete algorithm to the library modelled as that algorithm.
+    return sorted(out, key=lambda pred: (pred.seconds, pred.note.startswith("modelled")))
