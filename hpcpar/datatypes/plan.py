@@ -1,0 +1,350 @@
+"""``Plan``: one canonical layout, from an MPI datatype, a numpy view or a numpy dtype.
+
+``plan.pack(src)`` and ``plan.unpack(buf, dst)`` move the data with strided numpy copies
+(``kernels.py``); ``plan.to_mpi()`` gives an equivalent MPI datatype for zero-copy sends;
+``plan.describe()`` prints the layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .decode import decode_layout
+from .errors import DatatypeError
+from .ir import Item, Repeat, Strided, canonical, packed_size, span
+from .kernels import copy_kernels, flatten
+
+__all__ = ["Plan", "plan"]
+
+_MAX_COUNT = 1 << 40
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A canonical layout of one element, and how elements repeat.
+
+    Attributes:
+        items: The layout (``Strided`` and ``Repeat`` items, in pack order).
+        lb: Lower bound: where the element starts, relative to its origin.
+        extent: Distance between consecutive elements.
+        source: What it was made from, for ``describe``.
+        view_dtype: For plans of numpy views: the element dtype and shape.
+    """
+
+    items: tuple[Item, ...]
+    lb: int
+    extent: int
+    source: str = ""
+    view_shape: tuple[int, ...] | None = None
+    view_dtype: Any = None
+
+    @property
+    def size(self) -> int:
+        """Bytes one element packs to."""
+        return packed_size(self.items)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes one element packs to (the same as ``size``)."""
+        return self.size
+
+    @property
+    def true_bounds(self) -> tuple[int, int]:
+        """(lowest byte touched, one past the highest), relative to the origin."""
+        return span(self.items)
+
+    def _check(self, count: int) -> None:
+        if (
+            isinstance(count, bool)
+            or not isinstance(count, (int, np.integer))
+            or not 0 <= count <= _MAX_COUNT
+        ):
+            raise DatatypeError(f"count must be an integer in 0..2**40, not {count!r}")
+
+    def _reach(self, count: int) -> tuple[int, int]:
+        lo, hi = self.true_bounds
+        if count == 0 or lo == hi:
+            return 0, 0
+        last = (count - 1) * self.extent
+        return lo + min(0, last), hi + max(0, last)
+
+    def _kernels(self, count: int) -> list[Any]:
+        items = self.items if count == 1 else (Repeat(count, self.extent, self.items),)
+        return flatten(canonical(items))
+
+    def pack(self, src: Any, out: Any = None, *, count: int = 1, origin: int = 0) -> np.ndarray:
+        """Pack ``count`` elements of ``src`` into contiguous bytes.
+
+        Args:
+            src: The data: a numpy array (any layout, for view plans the view itself)
+                or any buffer; its byte ``origin`` is the element's origin.
+            out: A writable uint8 buffer of at least ``count * size`` bytes, or None.
+            count: Elements to pack.
+            origin: Byte of ``src`` where the first element's origin lies.
+
+        Returns:
+            The packed bytes (a uint8 array; ``out``'s first bytes when given).
+
+        Raises:
+            DatatypeError: bad count, ``src`` too small for the elements, ``out`` too
+                small or read-only.
+        """
+        self._check(count)
+        need = self.size * count
+        packed = _out_buffer(out, need)
+        if (
+            self.view_shape is not None
+            and origin == 0
+            and count == 1
+            and isinstance(src, np.ndarray)
+        ):
+            return _pack_view(self, src, packed)
+        area = _bytes_of(src, "src", writable=False)
+        self._bounds(area, origin, count, "src")
+        copy_kernels(self._kernels(count), area, packed, origin, pack=True)
+        return packed
+
+    def unpack(self, buf: Any, dst: Any, *, count: int = 1, origin: int = 0) -> Any:
+        """Scatter packed bytes into ``count`` elements of ``dst`` (the inverse of ``pack``).
+
+        Raises:
+            DatatypeError: bad count, ``buf`` too short, ``dst`` too small, read-only,
+                or overlapping ``buf``.
+        """
+        self._check(count)
+        need = self.size * count
+        packed = _bytes_of(buf, "buf", writable=False)
+        if packed.size < need:
+            raise DatatypeError(
+                f"buf has {packed.size} bytes; unpacking {count} element(s) needs {need}"
+            )
+        if (
+            self.view_shape is not None
+            and origin == 0
+            and count == 1
+            and isinstance(dst, np.ndarray)
+        ):
+            _unpack_view(self, packed, dst)
+            return dst
+        area = _bytes_of(dst, "dst", writable=True)
+        if np.shares_memory(area, packed):
+            raise DatatypeError("dst and buf overlap; unpack into separate memory")
+        self._bounds(area, origin, count, "dst")
+        copy_kernels(self._kernels(count), area, packed[:need], origin, pack=False)
+        return dst
+
+    def _bounds(self, area: np.ndarray, origin: int, count: int, name: str) -> None:
+        lo, hi = self._reach(count)
+        if lo == hi:
+            return
+        if origin + lo < 0 or origin + hi > area.size:
+            raise DatatypeError(
+                f"{name} has {area.size} bytes; {count} element(s) with origin at byte {origin} "
+                f"reach bytes {origin + lo}..{origin + hi}"
+            )
+
+    def to_mpi(self) -> MPI.Datatype:
+        """An equivalent committed MPI datatype (the caller frees it)."""
+        dt = _mpi_items(self.items)
+        resized = dt.Create_resized(self.lb, self.extent)
+        dt.Free()
+        return resized.Commit()
+
+    def describe(self) -> str:
+        """The layout as text: one line per item, dimensions outermost first."""
+        what = self.source or "a layout"
+        lines = [f"plan of {what}: {self.size} bytes packed, lb {self.lb}, extent {self.extent}"]
+        lines += _describe(self.items, "  ")
+        return "\n".join(lines)
+
+
+def _describe(items: tuple[Item, ...], indent: str) -> list[str]:
+    out = []
+    for item in items:
+        if isinstance(item, Strided):
+            dims = (
+                " x ".join(f"{c}@{s}" for c, s in zip(item.counts, item.strides, strict=True))
+                or "once"
+            )
+            out.append(f"{indent}block {item.size} B at {item.offset}, over {dims}")
+        else:
+            out.append(f"{indent}repeat {item.count} times every {item.stride} B:")
+            out += _describe(item.body, indent + "  ")
+    return out
+
+
+def _mpi_items(items: tuple[Item, ...]) -> MPI.Datatype:
+    parts, displacements = [], []
+    for item in items:
+        if isinstance(item, Strided):
+            dt = MPI.BYTE.Create_contiguous(item.size)
+            for count, stride in reversed(list(zip(item.counts, item.strides, strict=True))):
+                outer = dt.Create_hvector(count, 1, stride)
+                dt.Free()
+                dt = outer
+            parts.append(dt)
+            displacements.append(item.offset)
+        else:
+            body = _mpi_items(item.body)
+            lo = span(item.body)[0]
+            shaped = body.Create_resized(0, item.stride)
+            body.Free()
+            repeated = shaped.Create_contiguous(item.count)
+            shaped.Free()
+            parts.append(repeated)
+            displacements.append(0)
+            del lo
+    if not parts:
+        return MPI.BYTE.Create_contiguous(0)
+    combined = MPI.Datatype.Create_struct([1] * len(parts), displacements, parts)
+    for dt in parts:
+        dt.Free()
+    return combined
+
+
+def _out_buffer(out: Any, need: int) -> np.ndarray:
+    if out is None:
+        return np.empty(need, dtype=np.uint8)
+    packed = _bytes_of(out, "out", writable=True)
+    if packed.size < need:
+        raise DatatypeError(f"out has {packed.size} bytes; the packed data needs {need}")
+    return packed[:need]
+
+
+def _bytes_of(obj: Any, name: str, writable: bool) -> np.ndarray:
+    """A flat uint8 view of a contiguous buffer (or of a whole numpy array's memory)."""
+    if isinstance(obj, np.ndarray):
+        if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+            raise DatatypeError(
+                f"{name} must be contiguous here (pass the whole array and an origin)"
+            )
+        if writable and not obj.flags.writeable:
+            raise DatatypeError(f"{name} is read-only")
+        return obj.reshape(-1, order="A").view(np.uint8)
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        raise DatatypeError(
+            f"{name} must be an array or a buffer, not {type(obj).__name__}"
+        ) from None
+    if writable and view.readonly:
+        raise DatatypeError(f"{name} is read-only")
+    return (
+        np.frombuffer(view, dtype=np.uint8)
+        if view.readonly
+        else np.asarray(view).reshape(-1).view(np.uint8)
+    )
+
+
+def _pack_view(p: Plan, src: np.ndarray, packed: np.ndarray) -> np.ndarray:
+    if src.shape != p.view_shape or src.dtype != p.view_dtype:
+        raise DatatypeError(
+            f"this plan is for arrays of shape {p.view_shape} and dtype {p.view_dtype}"
+        )
+    np.copyto(packed.view(src.dtype).reshape(src.shape), src)
+    return packed
+
+
+def _unpack_view(p: Plan, packed: np.ndarray, dst: np.ndarray) -> None:
+    if dst.shape != p.view_shape or dst.dtype != p.view_dtype:
+        raise DatatypeError(
+            f"this plan is for arrays of shape {p.view_shape} and dtype {p.view_dtype}"
+        )
+    if not dst.flags.writeable:
+        raise DatatypeError("dst is read-only")
+    flat = packed[: p.size]
+    if np.shares_memory(dst, flat):
+        raise DatatypeError("dst and buf overlap; unpack into separate memory")
+    np.copyto(dst, flat.view(dst.dtype).reshape(dst.shape))
+
+
+def _view_items(arr: np.ndarray) -> tuple[Item, ...]:
+    if any(s == 0 and n > 1 for s, n in zip(arr.strides, arr.shape, strict=True)):
+        raise DatatypeError(
+            "arrays with zero strides (broadcast views) have no plan: copy them first"
+        )
+    return canonical((Strided(0, arr.itemsize, tuple(arr.shape), tuple(arr.strides)),))
+
+
+def _dtype_items(dtype: np.dtype, offset: int = 0) -> tuple[Item, ...]:
+    if dtype.fields is None:
+        if dtype.subdtype is not None:
+            base, shape = dtype.subdtype
+            return replicate_shape(_dtype_items(base, offset), shape, base.itemsize)
+        return (Strided(offset, dtype.itemsize),)
+    out: list[Item] = []
+    for name in dtype.names or ():
+        field, field_offset = dtype.fields[name][:2]
+        out.extend(_dtype_items(field, offset + field_offset))
+    return canonical(tuple(out))
+
+
+def replicate_shape(
+    items: tuple[Item, ...], shape: tuple[int, ...], itemsize: int
+) -> tuple[Item, ...]:
+    """A C-ordered block of ``shape`` elements of a layout ``itemsize`` bytes apart."""
+    from .ir import replicate
+
+    stride = itemsize
+    for n in reversed(shape):
+        items = replicate(items, n, stride)
+        stride *= n
+    return items
+
+
+def plan(obj: Any, count: int = 1) -> Plan:
+    """The plan of an MPI datatype, a numpy array view, or a numpy dtype.
+
+    Args:
+        obj: A committed ``MPI.Datatype``; a numpy array (its view: shape and strides,
+            negative ones included; the plan packs what ``numpy.ascontiguousarray``
+            gives); or a numpy dtype (structured dtypes skip their padding).
+        count: With a datatype, a plan of ``count`` consecutive elements.
+
+    Raises:
+        DatatypeError: a null or freed datatype, a broadcast view, a bad count.
+    """
+    if isinstance(obj, MPI.Datatype):
+        if obj == MPI.DATATYPE_NULL:
+            raise DatatypeError("datatype is MPI.DATATYPE_NULL (freed or never created)")
+        lb, extent = obj.Get_extent()
+        items = decode_layout(obj)
+        name = obj.Get_name() or obj.decode()[1].lower()
+        if count != 1:
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise DatatypeError(f"count must be an integer >= 0, not {count!r}")
+            items = canonical((Repeat(count, extent, items),)) if count else ()
+            extent *= count
+        return Plan(items, lb, extent, f"MPI datatype {name}")
+    if isinstance(obj, np.dtype) or (isinstance(obj, type) and issubclass(obj, np.generic)):
+        dtype = np.dtype(obj)
+        return Plan(_dtype_items(dtype), 0, dtype.itemsize, f"numpy dtype {dtype}")
+    if isinstance(obj, np.ndarray):
+        items = _view_items(obj)
+        lo, hi = span(items)
+        return Plan(
+            items, lo, hi - lo, f"numpy view {obj.shape} {obj.dtype}", tuple(obj.shape), obj.dtype
+        )
+    if hasattr(obj, "__cuda_array_interface__"):
+        iface = obj.__cuda_array_interface__
+        itemsize = np.dtype(iface["typestr"]).itemsize
+        strides = iface.get("strides") or tuple(
+            itemsize * int(np.prod(iface["shape"][i + 1 :])) for i in range(len(iface["shape"]))
+        )
+        items = canonical((Strided(0, itemsize, tuple(iface["shape"]), tuple(strides)),))
+        lo, hi = span(items)
+        return Plan(
+            items,
+            lo,
+            hi - lo,
+            f"device view {tuple(iface['shape'])}",
+            tuple(iface["shape"]),
+            np.dtype(iface["typestr"]),
+        )
+    raise DatatypeError(
+        f"cannot make a plan of {type(obj).__name__}: pass an MPI datatype, array or dtype"
+    )
