@@ -33,6 +33,8 @@ if TYPE_CHECKING:
         reduce_scatter,
     )
     from .collectives.cost.explain import explain
+    from .halo import HaloExchange
+    from .p2p import irecv, isend, recv, send, sendrecv
     from .runtime.comm import default_comm
     from .topology import Hierarchy
 
@@ -63,6 +65,12 @@ __all__ = [
     "ialltoallv",
     "ibarrier",
     "explain",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "sendrecv",
+    "HaloExchange",
 ]
 
 # Subpackages reachable as attributes (``hpcpar.collectives``) without an explicit import.
@@ -82,6 +90,8 @@ _LAZY = {
     "Hierarchy": "hpcpar.topology",
     "default_comm": "hpcpar.runtime.comm",
     "explain": "hpcpar.collectives.cost.explain",
+    "HaloExchange": "hpcpar.halo",
+    **dict.fromkeys(("send", "recv", "isend", "irecv", "sendrecv"), "hpcpar.p2p"),
     **dict.fromkeys(
         (
             "allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall", "alltoallv",

@@ -1,0 +1,173 @@
+"""Point-to-point on any layout: non-contiguous numpy views and MPI datatypes.
+
+Contiguous arrays go to MPI as they are. Anything else is packed with its plan into a
+contiguous buffer first (and unpacked on arrival): mpi4py refuses non-contiguous views
+outright, and the numpy packer runs at memory speed. With ``comm=None`` the messages use
+hpcpar's own communicator, so both sides must use hpcpar; pass a communicator to talk to
+code that calls mpi4py directly (the bytes on the wire are the packed data).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .datatypes import DatatypeError, plan
+from .runtime.comm import resolve_comm
+
+__all__ = ["send", "recv", "isend", "irecv", "sendrecv", "P2PRequest"]
+
+
+def _outgoing(obj: Any, datatype: Any, count: int) -> np.ndarray:
+    """The bytes to send: the array itself when contiguous, else its packed copy."""
+    if datatype is not None:
+        return plan(datatype).pack(obj, count=count)
+    arr = np.asarray(obj)
+    if arr.flags.c_contiguous:
+        return arr.reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)
+    return plan(arr).pack(arr)
+
+
+class _Incoming:
+    """Where a message lands: ``obj`` itself when contiguous, else a buffer to unpack."""
+
+    def __init__(self, obj: Any, datatype: Any, count: int) -> None:
+        self.obj, self.datatype, self.count = obj, datatype, count
+        if datatype is not None:
+            self.plan = plan(datatype)
+            self.buffer = np.empty(self.plan.size * count, np.uint8)
+            return
+        arr = obj
+        if not isinstance(arr, np.ndarray):
+            raise DatatypeError(f"recv needs a numpy array to fill, not {type(obj).__name__}")
+        if not arr.flags.writeable:
+            raise DatatypeError("recv into a read-only array")
+        if arr.flags.c_contiguous:
+            self.plan = None
+            self.buffer = arr.reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)
+        else:
+            self.plan = plan(arr)
+            self.buffer = np.empty(self.plan.size, np.uint8)
+
+    def finish(self, status: MPI.Status) -> Any:
+        got = status.Get_count(MPI.BYTE)
+        if got != self.buffer.size:
+            raise DatatypeError(f"received {got} bytes where {self.buffer.size} were expected")
+        if self.plan is not None:
+            self.plan.unpack(self.buffer, self.obj, count=self.count)
+        return self.obj
+
+
+class _Truncation:
+    """Turn MPI's message-truncated error into a DatatypeError naming the sizes."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
+            raise DatatypeError(
+                f"a message longer than the {self.expected} bytes expected arrived"
+            ) from None
+        return False
+
+
+def send(
+    obj: Any, dest: int, tag: int = 0, *, comm: Any = None, datatype: Any = None, count: int = 1
+) -> None:
+    """Send an array (any layout) or ``count`` elements of ``datatype`` from the buffer ``obj``."""
+    resolve_comm(comm).Send(_outgoing(obj, datatype, count), dest, tag)
+
+
+def recv(
+    obj: Any,
+    source: int = MPI.ANY_SOURCE,
+    tag: int = MPI.ANY_TAG,
+    *,
+    comm: Any = None,
+    datatype: Any = None,
+    count: int = 1,
+    status: MPI.Status | None = None,
+) -> Any:
+    """Receive into an array (any layout), or into ``count`` elements of ``datatype`` in ``obj``.
+
+    Returns:
+        ``obj``, filled.
+
+    Raises:
+        DatatypeError: the message's size is not what ``obj`` holds.
+    """
+    incoming = _Incoming(obj, datatype, count)
+    status = status if status is not None else MPI.Status()
+    with _Truncation(incoming.buffer.size):
+        resolve_comm(comm).Recv(incoming.buffer, source, tag, status)
+    return incoming.finish(status)
+
+
+class P2PRequest:
+    """A pending ``isend``/``irecv``: ``wait()`` completes it (and unpacks a receive)."""
+
+    def __init__(self, request: MPI.Request, keep: Any, incoming: _Incoming | None = None) -> None:
+        self._request, self._keep, self._incoming = request, keep, incoming
+
+    def test(self) -> bool:
+        """Whether the message has completed (a receive is unpacked by ``wait``)."""
+        return bool(self._request.Test())
+
+    def wait(self) -> Any:
+        """Complete the message; return the received object (None for a send)."""
+        status = MPI.Status()
+        with _Truncation(self._incoming.buffer.size if self._incoming else 0):
+            self._request.Wait(status)
+        return None if self._incoming is None else self._incoming.finish(status)
+
+
+def isend(
+    obj: Any, dest: int, tag: int = 0, *, comm: Any = None, datatype: Any = None, count: int = 1
+) -> P2PRequest:
+    """Nonblocking ``send``; the data is packed (copied) when the call starts if needed."""
+    data = _outgoing(obj, datatype, count)
+    return P2PRequest(resolve_comm(comm).Isend(data, dest, tag), data)
+
+
+def irecv(
+    obj: Any,
+    source: int = MPI.ANY_SOURCE,
+    tag: int = MPI.ANY_TAG,
+    *,
+    comm: Any = None,
+    datatype: Any = None,
+    count: int = 1,
+) -> P2PRequest:
+    """Nonblocking ``recv``; ``wait()`` unpacks into ``obj`` and returns it."""
+    incoming = _Incoming(obj, datatype, count)
+    return P2PRequest(
+        resolve_comm(comm).Irecv(incoming.buffer, source, tag), incoming.buffer, incoming
+    )
+
+
+def sendrecv(
+    sendobj: Any,
+    dest: int,
+    recvobj: Any,
+    source: int,
+    sendtag: int = 0,
+    recvtag: int = MPI.ANY_TAG,
+    *,
+    comm: Any = None,
+) -> Any:
+    """Send ``sendobj`` to ``dest`` and receive into ``recvobj`` from ``source`` (any layouts)."""
+    incoming = _Incoming(recvobj, None, 1)
+    status = MPI.Status()
+    with _Truncation(incoming.buffer.size):
+        resolve_comm(comm).Sendrecv(
+            _outgoing(sendobj, None, 1), dest, sendtag, incoming.buffer, source, recvtag, status
+        )
+    if source == MPI.PROC_NULL:
+        return recvobj
+    return incoming.finish(status)

@@ -1,0 +1,103 @@
+"""Non-contiguous point-to-point and halo exchange at any rank count, against global arrays."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hpcpar
+from hpcpar.datatypes import DatatypeError
+from hpcpar.testing import assert_all
+
+pytestmark = pytest.mark.mpi
+
+
+def test_views_and_datatypes_over_a_ring(comm):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    grid = np.arange(6 * 8, dtype=np.float64).reshape(6, 8) + 100 * rank
+    column = np.zeros(6)
+    hpcpar.sendrecv(grid[:, 3], right, column, left)  # a strided column
+    ok = np.array_equal(column, np.arange(3, 48, 8) + 100 * left)
+    block = np.zeros((3, 8))
+    requests = [hpcpar.irecv(block[:, ::-1], left, tag=5), hpcpar.isend(grid[::2], right, tag=5)]
+    requests[1].wait()
+    requests[0].wait()
+    ok &= np.array_equal(block[:, ::-1], (np.arange(48.0).reshape(6, 8) + 100 * left)[::2])
+    vec = MPI.DOUBLE.Create_vector(3, 2, 5).Commit()
+    area = np.arange(20.0) + 1000 * rank
+    got = np.zeros(20)
+    req = hpcpar.irecv(got, left, tag=9, datatype=vec)
+    hpcpar.send(area, right, tag=9, datatype=vec)
+    req.wait()
+    want = np.zeros(20)
+    src = np.arange(20.0) + 1000 * left
+    for b in range(3):
+        want[5 * b : 5 * b + 2] = src[5 * b : 5 * b + 2]
+    ok &= np.array_equal(got, want)
+    vec.Free()
+    assert_all(bool(ok), "non-contiguous point-to-point", comm)
+
+
+def test_size_mismatch_is_an_error(comm):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    with pytest.raises(DatatypeError, match="longer than the 40 bytes expected"):
+        hpcpar.sendrecv(np.zeros(10), right, np.zeros((5, 2))[:, 0].reshape(5), left)
+    with pytest.raises(DatatypeError, match="read-only"):
+        frozen = np.zeros(3)
+        frozen.flags.writeable = False
+        hpcpar.recv(frozen, left)
+
+
+def global_value(coords):
+    return sum(c * 1000**k for k, c in enumerate(coords))
+
+
+@pytest.mark.parametrize("ndims", [1, 2, 3])
+@pytest.mark.parametrize("periodic", [False, True])
+def test_halo_exchange_matches_the_global_array(comm, ndims, periodic):
+    size = comm.Get_size()
+    dims = MPI.Compute_dims(size, ndims)
+    cart = comm.Create_cart(dims, periods=[periodic] * ndims, reorder=False)
+    local = tuple([4, 3, 2][:ndims])
+    width = 1 if ndims == 3 else 2 if ndims == 2 else 3
+    width = min(width, *local)
+    halo = hpcpar.HaloExchange(cart, local, width, np.float64)
+    coords = cart.Get_coords(cart.Get_rank())
+    global_shape = [d * n for d, n in zip(dims, local, strict=True)]
+    a = np.full(halo.shape, -1.0)
+    for idx in itertools.product(*(range(s) for s in halo.shape)):
+        g = [c * n + i - width for c, n, i in zip(coords, local, idx, strict=True)]
+        inside = all(width <= i < width + n for i, n in zip(idx, local, strict=True))
+        if inside:
+            a[idx] = global_value(g)
+    halo.exchange(a)
+    bad = []
+    for idx in itertools.product(*(range(s) for s in halo.shape)):
+        g = [c * n + i - width for c, n, i in zip(coords, local, idx, strict=True)]
+        if periodic:
+            g = [x % G for x, G in zip(g, global_shape, strict=True)]
+        exists = all(0 <= x < G for x, G in zip(g, global_shape, strict=True))
+        want = global_value(g) if exists else -1.0
+        if a[idx] != want:
+            bad.append((idx, a[idx], want))
+    halo.free()
+    cart.Free()
+    assert_all(not bad, f"halo {ndims}D periodic={periodic}: {bad[:3]}", comm)
+
+
+def test_halo_bad_input(comm):
+    with pytest.raises(hpcpar.HpcparError, match="Cartesian"):
+        hpcpar.HaloExchange(comm, (4,), 1, np.float64)
+    cart = comm.Create_cart([comm.Get_size()], periods=[True])
+    with pytest.raises(hpcpar.HpcparError, match="wider"):
+        hpcpar.HaloExchange(cart, (2,), 3, np.float64)
+    halo = hpcpar.HaloExchange(cart, (4,), 1, np.float64)
+    with pytest.raises(DatatypeError, match="shape"):
+        halo.exchange(np.zeros(5))
+    halo.free()
+    cart.Free()
