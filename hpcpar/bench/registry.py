@@ -10,7 +10,11 @@ from typing import Any
 
 __all__ = ["Benchmark", "register", "benchmarks", "BUILTIN_MODULES"]
 
-BUILTIN_MODULES = ("hpcpar.bench.allreduce_mpi", "hpcpar.bench.collectives")
+BUILTIN_MODULES = (
+    "hpcpar.bench.allreduce_mpi",
+    "hpcpar.bench.collectives",
+    "hpcpar.bench.datatypes",
+)
 
 
 @dataclass(frozen=True)

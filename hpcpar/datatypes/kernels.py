@@ -11,6 +11,7 @@ byte they reach lies inside the buffer: a plan can never touch memory outside it
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -67,21 +68,69 @@ def _view(buf: np.ndarray, offset: int, k: Kernel, w: int, strides: tuple[int, .
 
 
 def copy_kernels(
-    kernels: list[Kernel], unpacked: np.ndarray, packed: np.ndarray, origin: int, pack: bool
+    kernels: list[Kernel],
+    unpacked: np.ndarray,
+    packed: np.ndarray,
+    origin: int,
+    pack: bool,
+    keys: tuple[Any, Any] | None = None,
 ) -> None:
     """Run the kernels between ``unpacked`` (origin at byte ``origin``) and ``packed``.
 
     Both are 1-D uint8 arrays; ``pack`` copies into ``packed``, otherwise out of it.
     """
-    src_addr = unpacked.__array_interface__["data"][0] + origin
-    dst_addr = packed.__array_interface__["data"][0]
-    for k in kernels:
-        if k.size == 0 or any(c == 0 for c, _, _ in k.dims):
-            continue
-        w = _word(k, src_addr, dst_addr)
-        user = _view(unpacked, origin + k.src, k, w, tuple(s for _, s, _ in k.dims))
-        flat = _view(packed, k.dst, k, w, tuple(d for _, _, d in k.dims))
+    if len(kernels) == 1 and not kernels[0].dims:  # one contiguous block: a plain slice copy
+        k = kernels[0]
+        user = unpacked[origin + k.src : origin + k.src + k.size]
+        flat = packed[k.dst : k.dst + k.size]
+        if pack:
+            flat[:] = user
+        else:
+            user[:] = flat
+        return
+    for user, flat in _views(kernels, unpacked, packed, origin, keys):
         if pack:
             np.copyto(flat, user)
         else:
             np.copyto(user, flat)
+
+
+# The strided views of recent (kernels, buffers) pairs: building them costs more than a
+# small copy. Each entry holds the buffers, so their memory (and addresses) stay valid.
+_RECENT: dict[tuple[int, ...], tuple[Any, ...]] = {}
+_RECENT_MAX = 16
+
+
+def _views(
+    kernels: list[Kernel],
+    unpacked: np.ndarray,
+    packed: np.ndarray,
+    origin: int,
+    keys: tuple[Any, Any] | None,
+) -> list[Any]:
+    """The views for these buffers; reused when the same user objects come again.
+
+    ``keys`` are the caller's own objects (the user's array and packed buffer): while an
+    entry holds them, their ids cannot be reused by other objects.
+    """
+    key = None
+    if keys is not None and keys[1] is not None:
+        key = (id(kernels), id(keys[0]), id(keys[1]), origin, unpacked.size, packed.size)
+        hit = _RECENT.get(key)
+        if hit is not None and hit[0] is kernels and hit[1] is keys[0] and hit[2] is keys[1]:
+            return hit[3]
+    src_addr = unpacked.__array_interface__["data"][0]
+    dst_addr = packed.__array_interface__["data"][0]
+    views = []
+    for k in kernels:
+        if k.size == 0 or any(c == 0 for c, _, _ in k.dims):
+            continue
+        w = _word(k, src_addr + origin, dst_addr)
+        user = _view(unpacked, origin + k.src, k, w, tuple(s for _, s, _ in k.dims))
+        flat = _view(packed, k.dst, k, w, tuple(d for _, _, d in k.dims))
+        views.append((user, flat))
+    if key is not None:
+        if len(_RECENT) >= _RECENT_MAX:
+            _RECENT.pop(next(iter(_RECENT)))
+        _RECENT[key] = (kernels, keys[0], keys[1], views)  # type: ignore[index]
+    return views

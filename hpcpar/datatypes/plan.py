@@ -7,7 +7,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ class Plan:
     source: str = ""
     view_shape: tuple[int, ...] | None = None
     view_dtype: Any = None
+    _memo: dict[Any, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -66,15 +68,16 @@ class Plan:
             raise DatatypeError(f"count must be an integer in 0..2**40, not {count!r}")
 
     def _reach(self, count: int) -> tuple[int, int]:
-        lo, hi = self.true_bounds
-        if count == 0 or lo == hi:
-            return 0, 0
-        last = (count - 1) * self.extent
-        return lo + min(0, last), hi + max(0, last)
+        key = ("reach", count)
+        if key not in self._memo:
+            self._memo[key] = _reach_of(self.items, self.extent, count)
+        return self._memo[key]
 
     def _kernels(self, count: int) -> list[Any]:
-        items = self.items if count == 1 else (Repeat(count, self.extent, self.items),)
-        return flatten(canonical(items))
+        key = ("kernels", count)
+        if key not in self._memo:
+            self._memo[key] = _kernels_of(self.items, self.extent, count)
+        return self._memo[key]
 
     def pack(self, src: Any, out: Any = None, *, count: int = 1, origin: int = 0) -> np.ndarray:
         """Pack ``count`` elements of ``src`` into contiguous bytes.
@@ -105,7 +108,7 @@ class Plan:
             return _pack_view(self, src, packed)
         area = _bytes_of(src, "src", writable=False)
         self._bounds(area, origin, count, "src")
-        copy_kernels(self._kernels(count), area, packed, origin, pack=True)
+        copy_kernels(self._kernels(count), area, packed, origin, pack=True, keys=(src, out))
         return packed
 
     def unpack(self, buf: Any, dst: Any, *, count: int = 1, origin: int = 0) -> Any:
@@ -134,7 +137,7 @@ class Plan:
         if np.shares_memory(area, packed):
             raise DatatypeError("dst and buf overlap; unpack into separate memory")
         self._bounds(area, origin, count, "dst")
-        copy_kernels(self._kernels(count), area, packed[:need], origin, pack=False)
+        copy_kernels(self._kernels(count), area, packed[:need], origin, pack=False, keys=(dst, buf))
         return dst
 
     def _bounds(self, area: np.ndarray, origin: int, count: int, name: str) -> None:
@@ -160,6 +163,23 @@ class Plan:
         lines = [f"plan of {what}: {self.size} bytes packed, lb {self.lb}, extent {self.extent}"]
         lines += _describe(self.items, "  ")
         return "\n".join(lines)
+
+
+@lru_cache(maxsize=256)
+def _kernels_of(items: tuple[Item, ...], extent: int, count: int) -> list[Any]:
+    """The copy kernels of ``count`` elements, computed once per layout and count."""
+    repeated = items if count == 1 else (Repeat(count, extent, items),)
+    return flatten(canonical(repeated))
+
+
+@lru_cache(maxsize=256)
+def _reach_of(items: tuple[Item, ...], extent: int, count: int) -> tuple[int, int]:
+    """Bytes ``count`` elements touch, relative to the first element's origin."""
+    lo, hi = span(items)
+    if count == 0 or lo == hi:
+        return 0, 0
+    last = (count - 1) * extent
+    return lo + min(0, last), hi + max(0, last)
 
 
 def _describe(items: tuple[Item, ...], indent: str) -> list[str]:

@@ -1,0 +1,268 @@
+"""``hpcpar bench datatypes``: pack/unpack speed of hpcpar's plans vs MPI's Pack and numpy.
+
+Cases: the x, y and z faces and the interior of an N^3 float64 array, vectors of 8 B to
+64 KiB blocks at twice their size apart, and a padded struct; each as a numpy view and
+as the equivalent MPI datatype. Variants in the same run: ``hpcpar-pack`` (the plan into
+a preallocated buffer), ``mpi-pack`` (``MPI.Datatype.Pack``, the peer), ``numpy``
+(``np.copyto`` of the view into a preallocated buffer, i.e. ``ascontiguousarray``
+without the allocation), and the unpack counterparts. Also: the machine's copy roof
+(``np.copyto`` on a 2 GiB working set, 1 and 2 threads) and, on more than one rank, a 3D
+halo exchange against hand-written pack + Sendrecv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .harness import Variant, format_header, format_row, sweep
+from .registry import Benchmark, register
+
+__all__: list[str] = []
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--n", type=int, default=128, help="edge of the N^3 float64 array (default 128)"
+    )
+    parser.add_argument(
+        "--no-roof", action="store_true", help="skip the 2 GiB copy-roof measurement"
+    )
+
+
+def _cases(n: int) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
+    from mpi4py import MPI
+
+    def face(name: str, slicer: Any, sizes: list[int], subsizes: list[int]) -> tuple[str, Any]:
+        def make() -> tuple[np.ndarray, Any]:
+            a = np.random.default_rng(0).random((n, n, n))
+            dt = MPI.DOUBLE.Create_subarray(sizes, subsizes, [0, 0, 0]).Commit()
+            return a, (slicer(a), dt)
+
+        return name, make
+
+    cases = [
+        face("x face (contiguous plane)", lambda a: a[0], [n, n, n], [1, n, n]),
+        face("y face (rows of N doubles)", lambda a: a[:, 0, :], [n, n, n], [n, 1, n]),
+        face("z face (single doubles)", lambda a: a[:, :, 0], [n, n, n], [n, n, 1]),
+    ]
+
+    def interior() -> tuple[np.ndarray, Any]:
+        a = np.random.default_rng(0).random((n, n, n))
+        dt = MPI.DOUBLE.Create_subarray([n, n, n], [n - 2, n - 2, n - 2], [1, 1, 1]).Commit()
+        return a, (a[1:-1, 1:-1, 1:-1], dt)
+
+    cases.append(("interior (N-2)^3", interior))
+    for block in (8, 64, 512, 4096, 65536):
+
+        def vector(block: int = block) -> tuple[np.ndarray, Any]:
+            count = max(1, (16 << 20) // block)
+            raw = np.random.default_rng(0).integers(0, 255, 2 * block * count, dtype=np.uint8)
+            view = raw.reshape(count, 2 * block)[:, :block]
+            dt = MPI.BYTE.Create_vector(count, block, 2 * block).Commit()
+            return raw, (view, dt)
+
+        cases.append((f"vector of {block} B blocks, stride {2 * block} B", vector))
+
+    def struct() -> tuple[np.ndarray, Any]:
+        record = np.dtype([("a", "i1"), ("b", "f8"), ("c", "i2", (3,))], align=True)
+        data = np.zeros(1 << 20, dtype=record)
+        data["b"] = 1.5
+        dt = MPI.Datatype.Create_struct(
+            [1, 1, 3], [0, 8, 16], [MPI.INT8_T, MPI.DOUBLE, MPI.INT16_T]
+        )
+        element = dt.Create_resized(0, record.itemsize)
+        dt.Free()
+        every = element.Create_contiguous(data.size).Commit()
+        element.Free()
+        return data, (data, every)
+
+    cases.append(("struct (i1, f8, 3 x i2; padded to 24 B)", struct))
+    return cases
+
+
+def _variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> list[Variant]:
+    from mpi4py import MPI
+
+    from ..datatypes import plan
+
+    p = plan(dt)
+    base = whole.reshape(-1).view(np.uint8)
+    view_plan = plan(view) if view.dtype.fields is None else None
+    size = p.size
+    out = np.empty(size, np.uint8)
+    reference = np.ascontiguousarray(view).reshape(-1).view(np.uint8) if view_plan else None
+
+    def checked(result: Callable[[], np.ndarray]) -> Callable[[], bool]:
+        return lambda: reference is None or np.array_equal(result(), reference)
+
+    def hp(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        return (lambda: p.pack(base, out=out)), checked(lambda: out)
+
+    def mp(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        target = np.empty(size, np.uint8)
+        extent = dt.Get_extent()[1]
+        return (lambda: dt.Pack(base[:extent], target, 0, MPI.COMM_SELF)), checked(lambda: target)
+
+    variants = [Variant("hpcpar-pack", hp), Variant("mpi-pack", mp)]
+    if view_plan is not None:
+        typed = np.empty(view.shape, view.dtype)
+
+        def npy(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+            return (lambda: np.copyto(typed, view)), checked(
+                lambda: typed.reshape(-1).view(np.uint8)
+            )
+
+        variants.append(Variant("numpy", npy))
+    packed = p.pack(base)
+    scratch = np.zeros_like(base)
+
+    def hu(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        return (lambda: p.unpack(packed, scratch)), (
+            lambda: np.array_equal(p.pack(scratch), packed)
+        )
+
+    def mu(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        target = np.zeros_like(base)
+        extent = dt.Get_extent()[1]
+        return (lambda: dt.Unpack(packed, 0, target[:extent], MPI.COMM_SELF)), (
+            lambda: np.array_equal(p.pack(target), packed)
+        )
+
+    return [*variants, Variant("hpcpar-unpack", hu), Variant("mpi-unpack", mu)]
+
+
+def _roof() -> list[tuple[int, float]]:
+    src, dst = np.ones(1 << 27), np.empty(1 << 27)  # 1 GiB each: a 2 GiB working set
+    out = []
+    for threads in (1, 2):
+        parts = np.array_split(np.arange(src.size), threads)
+        bounds = [(int(x[0]), int(x[-1]) + 1) for x in parts]
+
+        def copy(b: tuple[int, int]) -> None:
+            np.copyto(dst[b[0] : b[1]], src[b[0] : b[1]])
+
+        best = float("inf")
+        with ThreadPoolExecutor(threads) as pool:
+            for _ in range(3):
+                start = time.perf_counter()
+                list(pool.map(copy, bounds))
+                best = min(best, time.perf_counter() - start)
+        out.append((threads, src.nbytes / best / 1e9))
+    return out
+
+
+def _halo_variants(comm: Any, n: int) -> list[Variant]:
+    from mpi4py import MPI
+
+    from ..halo import HaloExchange
+
+    dims = MPI.Compute_dims(comm.Get_size(), 3)
+    cart = comm.Create_cart(dims, periods=[True] * 3)
+    local = (n, n, n)
+    halo = HaloExchange(cart, local, 1, np.float64)
+    a = np.random.default_rng(cart.Get_rank()).random(halo.shape)
+    b = a.copy()
+
+    def ours(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        return (lambda: halo.exchange(a)), (lambda: True)
+
+    def handwritten(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        def run() -> None:
+            for d in range(3):
+                low, high = cart.Shift(d, 1)
+                for side, to, frm in ((1, low, high), (-1, high, low)):
+                    send = [slice(None)] * 3
+                    recv = [slice(None)] * 3
+                    send[d] = slice(1, 2) if side == 1 else slice(n, n + 1)
+                    recv[d] = slice(n + 1, n + 2) if side == 1 else slice(0, 1)
+                    out = np.ascontiguousarray(b[tuple(send)])
+                    inb = np.empty_like(out)
+                    cart.Sendrecv(out, to, d, inb, frm, d)
+                    b[tuple(recv)] = inb
+
+        return run, (lambda: np.array_equal(a, b))
+
+    return [Variant("hpcpar-halo", ours), Variant("pack+Sendrecv", handwritten)]
+
+
+def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
+    from ..errors import UsageError
+    from ..runtime.results import mpi_library
+
+    if args.n < 4:
+        raise UsageError(f"bench datatypes: --n must be at least 4, not {args.n}")
+    rank = comm.Get_rank()
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(
+        f"# hpcpar bench datatypes: N={args.n}, {comm.Get_size()} rank(s); {mpi_library()}; "
+        f"peer: mpi-pack; {args.repeats} repeats, median; GB/s = packed bytes / time"
+    )
+    if not args.no_roof and rank == 0:
+        for threads, rate in _roof():
+            say(f"# copy roof: np.copyto, 2 GiB working set, {threads} thread(s): {rate:.2f} GB/s")
+    results = []
+    for name, make in _cases(args.n):
+        whole, (view, dt) = make()
+        say(f"# case: {name}")
+        say(format_header())
+        rows = sweep(
+            comm,
+            _variants(comm, whole, view, dt),
+            [dt.Get_size()],
+            peer="mpi-pack",
+            repeats=args.repeats,
+            warmup=args.warmup,
+            min_time=args.min_time,
+            max_iterations=args.max_iterations,
+        )
+        for m in rows:
+            say(format_row(m))
+            results.append({**m.as_dict(), "case": name})
+        dt.Free()
+    if comm.Get_size() > 1:
+        shape = f"{args.n}^3 per rank, width 1, periodic"
+        say(f"# case: 3D halo exchange, {shape} (peer: pack+Sendrecv)")
+        say(format_header())
+        rows = sweep(
+            comm,
+            _halo_variants(comm, args.n),
+            [6 * args.n * args.n * 8],
+            peer="pack+Sendrecv",
+            repeats=args.repeats,
+            warmup=args.warmup,
+            min_time=args.min_time,
+            max_iterations=args.max_iterations,
+        )
+        for m in rows:
+            say(format_row(m))
+            results.append({**m.as_dict(), "case": "halo"})
+    return [_Row(r) for r in results]
+
+
+class _Row:
+    """A result row the bench command can write (it reads ``valid`` and ``as_dict``)."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.doc = doc
+        self.valid = doc["valid"]
+        self.variant, self.size = doc["variant"], doc["size"]
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.doc
+
+
+register(
+    Benchmark(
+        "datatypes",
+        "pack/unpack GB/s of plans vs MPI Pack and numpy; copy roof; halo",
+        _add_arguments,
+        _run,
+        peer="mpi-pack",
+    )
+)
