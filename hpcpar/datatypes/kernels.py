@@ -10,6 +10,8 @@ byte they reach lies inside the buffer: a plan can never touch memory outside it
 
 from __future__ import annotations
 
+import itertools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,10 +91,33 @@ def copy_kernels(
             user[:] = flat
         return
     for user, flat in _views(kernels, unpacked, packed, origin, keys):
-        if pack:
-            np.copyto(flat, user)
+        src, dst = (user, flat) if pack else (flat, user)
+        if dst.nbytes >= PARALLEL_BYTES and dst.ndim > 1 and dst.shape[0] >= 2 and _threads() > 1:
+            _parallel_copy(dst, src)
         else:
-            np.copyto(user, flat)
+            np.copyto(dst, src)
+
+
+PARALLEL_BYTES = 1 << 20  # copies this large are split across threads (numpy drops the GIL)
+_pool: list[Any] = []
+
+
+def _threads() -> int:
+    return min(
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8
+    )
+
+
+def _parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """Copy in slices of the outermost dimension, one per core."""
+    if not _pool:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool.append(ThreadPoolExecutor(_threads(), thread_name_prefix="hpcpar-pack"))
+    bounds = np.linspace(0, dst.shape[0], min(_threads(), dst.shape[0]) + 1).astype(int)
+    jobs = [_pool[0].submit(np.copyto, dst[a:b], src[a:b]) for a, b in itertools.pairwise(bounds)]
+    for job in jobs:
+        job.result()
 
 
 # The strided views of recent (kernels, buffers) pairs: building them costs more than a
