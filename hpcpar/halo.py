@@ -70,36 +70,25 @@ class HaloExchange:
         moves = []
         for side, towards, away in ((-1, low, high), (1, high, low)):
             send_at, recv_at = self._region(d, side, False), self._region(d, -side, True)
-            send_plan, recv_plan = plan(template[send_at]), plan(template[recv_at])
-            moves.append(
-                (
-                    send_at,
-                    recv_at,
-                    send_plan,
-                    recv_plan,
-                    towards,
-                    away,
-                    np.empty(send_plan.size, np.uint8),
-                    np.empty(recv_plan.size, np.uint8),
-                )
-            )
+            face = plan(template[send_at])  # a face's plan: its bytes, in pack order
+            shape = template[send_at].shape
+            outgoing = np.empty(face.size, np.uint8).view(self.dtype).reshape(shape)
+            incoming = np.empty(face.size, np.uint8).view(self.dtype).reshape(shape)
+            moves.append((send_at, recv_at, towards, away, outgoing, incoming))
         return moves
 
     def exchange(self, a: np.ndarray) -> np.ndarray:
         """Fill ``a``'s halos from the neighbours (collective over the communicator)."""
         if a.shape != self.shape or a.dtype != self.dtype:
             raise DatatypeError(f"expected an array of shape {self.shape} and dtype {self.dtype}")
-        for tag, moves in enumerate(self._steps):
-            for direction, (send_at, recv_at, send_plan, recv_plan, to, frm, out, inb) in enumerate(
-                moves
-            ):
-                send_plan.pack(a[send_at], out=out)
-                status = MPI.Status()
-                self.comm.Sendrecv(
-                    out, to, 2 * tag + direction, inb, frm, 2 * tag + direction, status
-                )
+        tag = 0
+        for moves in self._steps:
+            for send_at, recv_at, to, frm, outgoing, incoming in moves:
+                np.copyto(outgoing, a[send_at])  # the face's strided copy into its packed buffer
+                self.comm.Sendrecv(outgoing, to, tag, incoming, frm, tag)
                 if frm != MPI.PROC_NULL:
-                    recv_plan.unpack(inb, a[recv_at])
+                    np.copyto(a[recv_at], incoming)
+                tag += 1
         return a
 
     def free(self) -> None:
