@@ -30,9 +30,13 @@ def _say(msg: str) -> None:
     print(f"==> {msg}", flush=True)
 
 
-def _run(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
+def _run(*cmd: str | Path, env: dict[str, str] | None = None, timeout: float | None = None) -> None:
     _say(" ".join(str(c) for c in cmd))
-    code = subprocess.call([str(c) for c in cmd], cwd=ROOT, env=env)
+    try:
+        code = subprocess.call([str(c) for c in cmd], cwd=ROOT, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _say(f"timed out after {timeout:g} s: {' '.join(str(c) for c in cmd)}")
+        sys.exit(124)
     if code != 0:
         _say(f"failed with exit status {code}: {' '.join(str(c) for c in cmd)}")
         sys.exit(code)
@@ -75,7 +79,7 @@ def test(pytest_args: list[str]) -> None:
     started = time.monotonic()
     _run(PY, "-m", "ruff", "check", ".")
     _run(PY, "-m", "ruff", "format", "--check", ".")
-    _run(PY, "-m", "pytest", "--with-mpi", *pytest_args)
+    _run(PY, "-m", "pytest", "--with-mpi", *pytest_args, timeout=JOB_TIMEOUT_S)
     for ranks in RANKS_UNDER_MPI:
         _run(
             BIN / "hpcpar",

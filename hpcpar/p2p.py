@@ -20,6 +20,38 @@ from .runtime.comm import resolve_comm
 __all__ = ["send", "recv", "isend", "irecv", "sendrecv", "P2PRequest"]
 
 
+def _owner(arr: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """The contiguous array that holds a view's memory, and the view's byte offset in it."""
+    base = arr
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    if not (base.flags.c_contiguous or base.flags.f_contiguous):
+        return None
+    offset = arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    return base.reshape(-1, order="A").view(np.uint8), offset
+
+
+def _typed(arr: np.ndarray, method: str) -> tuple[Any, MPI.Datatype, int] | None:
+    """A zero-copy MPI message for a non-contiguous view, when that is the method to use."""
+    from .datatypes.choose import send_method
+    from .datatypes.ir import shift
+    from .datatypes.plan import Plan
+
+    view_plan = plan(arr)
+    if method == "auto":
+        method = send_method(view_plan)[0]
+    if method == "pack":
+        return None
+    if method != "datatype":
+        raise DatatypeError(f"method must be auto, pack or datatype, not {method!r}")
+    owner = _owner(arr)
+    if owner is None:
+        return None
+    base, offset = owner
+    dt = Plan(shift(view_plan.items, offset), 0, max(base.size, 1)).to_mpi()
+    return [base, 1, dt], dt, view_plan.size
+
+
 def _outgoing(obj: Any, datatype: Any, count: int) -> np.ndarray:
     """The bytes to send: the array itself when contiguous, else its packed copy."""
     if datatype is not None:
@@ -78,9 +110,30 @@ class _Truncation:
 
 
 def send(
-    obj: Any, dest: int, tag: int = 0, *, comm: Any = None, datatype: Any = None, count: int = 1
+    obj: Any,
+    dest: int,
+    tag: int = 0,
+    *,
+    comm: Any = None,
+    datatype: Any = None,
+    count: int = 1,
+    method: str = "auto",
 ) -> None:
-    """Send an array (any layout) or ``count`` elements of ``datatype`` from the buffer ``obj``."""
+    """Send an array (any layout) or ``count`` elements of ``datatype`` from the buffer ``obj``.
+
+    ``method`` for non-contiguous views: ``"pack"`` (copy into a contiguous buffer),
+    ``"datatype"`` (zero copy: MPI walks an equivalent derived datatype), or ``"auto"``
+    (the measured table in the profile, else pack; see ``datatypes.explain_send``).
+    """
+    if datatype is None and isinstance(obj, np.ndarray) and not obj.flags.c_contiguous:
+        typed = _typed(obj, method)
+        if typed is not None:
+            message, dt, _ = typed
+            try:
+                resolve_comm(comm).Send(message, dest, tag)
+            finally:
+                dt.Free()
+            return
     resolve_comm(comm).Send(_outgoing(obj, datatype, count), dest, tag)
 
 
@@ -93,8 +146,12 @@ def recv(
     datatype: Any = None,
     count: int = 1,
     status: MPI.Status | None = None,
+    method: str = "auto",
 ) -> Any:
     """Receive into an array (any layout), or into ``count`` elements of ``datatype`` in ``obj``.
+
+    ``method`` as for ``send`` (either side may use either method: the bytes on the wire
+    are the same).
 
     Returns:
         ``obj``, filled.
@@ -102,8 +159,24 @@ def recv(
     Raises:
         DatatypeError: the message's size is not what ``obj`` holds.
     """
-    incoming = _Incoming(obj, datatype, count)
     status = status if status is not None else MPI.Status()
+    if datatype is None and isinstance(obj, np.ndarray) and not obj.flags.c_contiguous:
+        if not obj.flags.writeable:
+            raise DatatypeError("recv into a read-only array")
+        typed = _typed(obj, method)
+        if typed is not None:
+            message, dt, size = typed
+            try:
+                with _Truncation(size):
+                    resolve_comm(comm).Recv(message, source, tag, status)
+            finally:
+                dt.Free()
+            if status.Get_count(MPI.BYTE) != size:
+                raise DatatypeError(
+                    f"received {status.Get_count(MPI.BYTE)} bytes where {size} were expected"
+                )
+            return obj
+    incoming = _Incoming(obj, datatype, count)
     with _Truncation(incoming.buffer.size):
         resolve_comm(comm).Recv(incoming.buffer, source, tag, status)
     return incoming.finish(status)

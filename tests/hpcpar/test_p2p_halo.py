@@ -101,3 +101,34 @@ def test_halo_bad_input(comm):
         halo.exchange(np.zeros(5))
     halo.free()
     cart.Free()
+
+
+@pytest.mark.parametrize(
+    ("send_method", "recv_method"),
+    [("pack", "datatype"), ("datatype", "pack"), ("datatype", "datatype")],
+)
+def test_zero_copy_datatype_method_interoperates_with_packing(comm, send_method, recv_method):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size == 1:
+        pytest.skip("blocking send and receive between two ranks (a rank cannot block on itself)")
+    right, left = (rank + 1) % size, (rank - 1) % size
+    grid = np.arange(7 * 9, dtype=np.float64).reshape(7, 9) + 100 * rank
+    got = np.zeros((7, 9))
+    if rank % 2 == 0:
+        hpcpar.send(grid[::2, ::-3], right, tag=3, method=send_method)
+        hpcpar.recv(got[::2, 1:4], left, tag=3, method=recv_method)
+    else:
+        hpcpar.recv(got[::2, 1:4], left, tag=3, method=recv_method)
+        hpcpar.send(grid[::2, ::-3], right, tag=3, method=send_method)
+    want = np.zeros((7, 9))
+    want[::2, 1:4] = (np.arange(63.0).reshape(7, 9) + 100 * left)[::2, ::-3]
+    assert_all(np.array_equal(got, want), f"{send_method} -> {recv_method}", comm)
+
+
+def test_explain_send_and_bad_method(comm):
+    from hpcpar.datatypes.choose import explain_send
+
+    text = explain_send(np.zeros((8, 8))[:, ::2])
+    assert "send by: pack" in text and "typical block 8 B" in text
+    with pytest.raises(DatatypeError, match="method must be"):
+        hpcpar.send(np.zeros((4, 4))[:, 0], comm.Get_rank(), method="smoke")
