@@ -283,3 +283,23 @@ def test_probe_agrees_with_decoding_on_simple_types():
     dt = MPI.DOUBLE.Create_vector(3, 2, 5).Commit()
     assert probe_layout(dt) == datatypes.plan(dt).items
     dt.Free()
+
+
+def test_send_method_follows_the_measured_table():
+    from hpcpar.collectives.cost.profile import ProfileError, default_profile, profile_from_json
+    from hpcpar.datatypes.choose import send_method
+
+    table = [[8, 65536, 2e-4, 1e-4], [65536, 4194304, 1e-3, 2e-3]]
+    doc = {
+        **default_profile().to_json(),
+        "mpi_library": {"send_methods": {"ranks": 2, "table": table}},
+    }
+    profile = profile_from_json(doc)
+    small = datatypes.plan(np.zeros((4096, 16), np.uint8)[:, :8])
+    big = datatypes.plan(np.zeros((64, 131072), np.uint8)[:, :65536])
+    assert send_method(small, profile=profile)[0] == "datatype"
+    assert send_method(big, profile=profile)[0] == "pack"
+    assert send_method(big, profile=default_profile())[0] == "pack"  # no table: pack
+    doc["mpi_library"]["send_methods"]["table"] = [[8, 65536, 2e-4]]
+    with pytest.raises(ProfileError, match="send_methods.table"):
+        profile_from_json(doc)

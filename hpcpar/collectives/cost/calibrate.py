@@ -137,6 +137,31 @@ def _software_costs(
     return max(through - direct, 0.0), max(slope - latency, 0.0)
 
 
+def _send_methods(comm: Any, repeats: int) -> list[list[float]]:
+    """Ping-pong a strided layout between ranks 0 and 1, packed and as a derived datatype."""
+    import hpcpar
+
+    rank, rows = comm.Get_rank(), []
+    for block in (8, 512, 65536):
+        for total in (1 << 16, 1 << 22):
+            raw = np.zeros(2 * total, np.uint8)
+            view = raw.reshape(-1, 2 * block)[:, :block]
+            times = []
+            for method in ("pack", "datatype"):
+
+                def bounce(method: str = method, view: np.ndarray = view) -> None:
+                    if rank == 0:
+                        hpcpar.send(view, 1, 31, comm=comm, method=method)
+                        hpcpar.recv(view, 1, 31, comm=comm, method=method)
+                    elif rank == 1:
+                        hpcpar.recv(view, 0, 31, comm=comm, method=method)
+                        hpcpar.send(view, 0, 31, comm=comm, method=method)
+
+                times.append(_median_time(comm, bounce, repeats) / 2)
+            rows.append([block, total, *times])
+    return rows
+
+
 def calibrate(comm: Any, hierarchy: Any, *, repeats: int = 9, name: str | None = None) -> Profile:
     """Measure a profile for this job (collective over ``comm``)."""
     node_ranks = [hierarchy.ranks_of_node(i) for i in range(hierarchy.n_nodes)]
@@ -161,6 +186,8 @@ def calibrate(comm: Any, hierarchy: Any, *, repeats: int = 9, name: str | None =
         }
         for c in _LIBRARY_COLLECTIVES
     }
+    if comm.Get_size() > 1:
+        library["send_methods"] = {"ranks": 2, "table": _send_methods(comm, repeats)}
     where = f"{comm.Get_size()} ranks, layout {hierarchy.layout or 'real'}"
     return Profile(
         name=name or f"calibrated on {platform.node()} ({where})",

@@ -175,9 +175,10 @@ def profile_from_json(doc: Any, name: str = "profile") -> Profile:
         raise ProfileError(f"{name}: mpi_library must be an object")
     for collective, entry in library.items():
         table = entry.get("table") if isinstance(entry, dict) else None
+        width = 4 if collective == "send_methods" else 2  # [block, bytes, pack s, datatype s]
         if not isinstance(table, list) or not all(
             isinstance(row, list)
-            and len(row) == 2
+            and len(row) == width
             and all(isinstance(v, (int, float)) for v in row)
             for row in table
         ):
