@@ -301,5 +301,5 @@ def test_send_method_follows_the_measured_table():
     assert send_method(big, profile=profile)[0] == "pack"
     assert send_method(big, profile=default_profile())[0] == "pack"  # no table: pack
     doc["mpi_library"]["send_methods"]["table"] = [[8, 65536, 2e-4]]
-    with pytest.raises(ProfileError, match="send_methods.table"):
+    with pytest.raises(ProfileError, match=r"send_methods\.table"):
         profile_from_json(doc)
