@@ -303,3 +303,38 @@ def test_send_method_follows_the_measured_table():
     doc["mpi_library"]["send_methods"]["table"] = [[8, 65536, 2e-4]]
     with pytest.raises(ProfileError, match=r"send_methods\.table"):
         profile_from_json(doc)
+
+
+def _gpu() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no cupy, no driver or no device
+        return False
+
+
+@pytest.mark.skipif(not _gpu(), reason="needs cupy and a GPU")
+def test_gpu_packers_match_the_cpu_packer():
+    import cupy
+
+    from hpcpar.datatypes.gpu import pack_device, pack_to_host, unpack_device
+
+    for dt in (
+        MPI.DOUBLE.Create_subarray([32, 32, 32], [32, 32, 1], [0, 0, 0]),
+        MPI.DOUBLE.Create_vector(64, 3, 7),
+        MPI.Datatype.Create_struct([1, 2], [0, 16], [MPI.INT, MPI.DOUBLE]),
+    ):
+        dt.Commit()
+        p = datatypes.plan(dt)
+        area = np.random.default_rng(1).integers(0, 256, 32 * 32 * 32 * 8 * 2).astype(np.uint8)
+        want = p.pack(area, count=2)
+        device = cupy.asarray(area)
+        assert cupy.asnumpy(pack_device(p, device, count=2)).tobytes() == want.tobytes()
+        assert pack_to_host(p, device).tobytes() == p.pack(area).tobytes()
+        back = cupy.zeros_like(device)
+        unpack_device(p, cupy.asarray(want), back, count=2)
+        mine = np.zeros_like(area)
+        p.unpack(want, mine, count=2)
+        assert cupy.asnumpy(back).tobytes() == mine.tobytes()
+        dt.Free()

@@ -1,0 +1,160 @@
+"""Packing plans on the GPU (cupy): a raw CUDA kernel, or cudaMemcpy2D into pinned memory.
+
+The kernel follows TEMPI: every thread moves one W-byte word (the widest that divides
+the block, the strides and the addresses) of one block, so a face of a 3D array is one
+launch whatever its nesting. For layouts with one strided dimension, a single
+``cudaMemcpy2DAsync`` copies straight into pinned host memory (device to host staging
+with no intermediate device buffer). Both need cupy and a GPU; the tests skip with that
+reason elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import DatatypeError
+from .kernels import Kernel, _word
+from .plan import Plan
+
+__all__ = ["pack_device", "unpack_device", "pack_to_host"]
+
+_SOURCE = r"""
+template<typename T>
+__global__ void strided_copy(unsigned char* user, unsigned char* packed,
+                             const long long* counts, const long long* ustr,
+                             const long long* pstr, int ndims, long long nwords,
+                             long long total, long long user0, long long packed0,
+                             int pack) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    long long word = i % nwords, rest = i / nwords;
+    long long u = user0 + word * (long long)sizeof(T), p = packed0 + word * (long long)sizeof(T);
+    for (int d = ndims - 1; d >= 0; --d) {
+        long long k = rest % counts[d];
+        rest /= counts[d];
+        u += k * ustr[d];
+        p += k * pstr[d];
+    }
+    if (pack) *(T*)(packed + p) = *(const T*)(user + u);
+    else *(T*)(user + u) = *(const T*)(packed + p);
+}
+"""
+_NAMES = {
+    8: "strided_copy<unsigned long long>",
+    4: "strided_copy<unsigned int>",
+    2: "strided_copy<unsigned short>",
+    1: "strided_copy<unsigned char>",
+}
+_module: list[Any] = []
+
+
+def _kernel(width: int) -> Any:
+    import cupy
+
+    if not _module:
+        _module.append(
+            cupy.RawModule(
+                code=_SOURCE, options=("-std=c++11",), name_expressions=list(_NAMES.values())
+            )
+        )
+    return _module[0].get_function(_NAMES[width])
+
+
+def _run(p: Plan, user: Any, packed: Any, count: int, origin: int, pack: bool) -> None:
+    import cupy
+
+    user_addr, packed_addr = user.data.ptr, packed.data.ptr
+    for k in p._kernels(count):
+        if k.size == 0 or any(c == 0 for c, _, _ in k.dims):
+            continue
+        w = _word(k, user_addr + origin, packed_addr)
+        counts = cupy.asarray([c for c, _, _ in k.dims] or [1], dtype=cupy.int64)
+        ustr = cupy.asarray([s for _, s, _ in k.dims] or [0], dtype=cupy.int64)
+        pstr = cupy.asarray([d for _, _, d in k.dims] or [0], dtype=cupy.int64)
+        nwords = k.size // w
+        total = nwords * int(np.prod([c for c, _, _ in k.dims] or [1]))
+        threads = 256
+        _kernel(w)(
+            ((total + threads - 1) // threads,),
+            (threads,),
+            (
+                user,
+                packed,
+                counts,
+                ustr,
+                pstr,
+                np.int32(max(len(k.dims), 1)),
+                np.int64(nwords),
+                np.int64(total),
+                np.int64(origin + k.src),
+                np.int64(k.dst),
+                np.int32(1 if pack else 0),
+            ),
+        )
+
+
+def _device_bytes(obj: Any, name: str) -> Any:
+    import cupy
+
+    if not isinstance(obj, cupy.ndarray) or not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+        raise DatatypeError(
+            f"{name} must be a contiguous cupy array (pass the whole array and an origin)"
+        )
+    return obj.reshape(-1).view(cupy.uint8)
+
+
+def pack_device(p: Plan, src: Any, *, count: int = 1, origin: int = 0) -> Any:
+    """Pack ``count`` elements of a cupy buffer into a new contiguous cupy uint8 array."""
+    import cupy
+
+    area = _device_bytes(src, "src")
+    p._bounds(area, origin, count, "src")
+    out = cupy.empty(p.size * count, cupy.uint8)
+    _run(p, area, out, count, origin, pack=True)
+    return out
+
+
+def unpack_device(p: Plan, buf: Any, dst: Any, *, count: int = 1, origin: int = 0) -> Any:
+    """Scatter a packed cupy buffer into ``count`` elements of ``dst`` (a cupy buffer)."""
+    area, packed = _device_bytes(dst, "dst"), _device_bytes(buf, "buf")
+    if packed.size < p.size * count:
+        raise DatatypeError(f"buf has {packed.size} bytes; unpacking needs {p.size * count}")
+    p._bounds(area, origin, count, "dst")
+    _run(p, area, packed, count, origin, pack=False)
+    return dst
+
+
+def pack_to_host(p: Plan, src: Any, *, origin: int = 0) -> np.ndarray:
+    """Pack one element of a cupy buffer straight into pinned host memory.
+
+    One ``cudaMemcpy2DAsync`` when the layout is one block over at most one strided
+    dimension; otherwise a device pack followed by one contiguous copy.
+    """
+    import cupy
+
+    area = _device_bytes(src, "src")
+    p._bounds(area, origin, 1, "src")
+    pinned = cupy.cuda.alloc_pinned_memory(max(p.size, 1))
+    host = np.frombuffer(pinned, np.uint8, p.size)
+    kernels: list[Kernel] = p._kernels(1)
+    stream = cupy.cuda.get_current_stream()
+    if len(kernels) == 1 and len(kernels[0].dims) <= 1:
+        k = kernels[0]
+        rows, pitch = (k.dims[0][0], k.dims[0][1]) if k.dims else (1, k.size)
+        cupy.cuda.runtime.memcpy2DAsync(
+            host.ctypes.data,
+            k.size,
+            area.data.ptr + origin + k.src,
+            pitch,
+            k.size,
+            rows,
+            cupy.cuda.runtime.memcpyDeviceToHost,
+            stream.ptr,
+        )
+    else:
+        packed = pack_device(p, src, origin=origin)
+        packed.get(out=host, stream=stream)
+    stream.synchronize()
+    return host
