@@ -1,10 +1,13 @@
 """hpcpar.checkpoint: asynchronous multi-level checkpointing (installed from checkpoint/).
 
-The Checkpointer and its levels arrive with the checkpointing issue; this package exists
-now so the install layout (``checkpoint/`` installed as ``hpcpar.checkpoint``) is fixed
-and tested from the start.
+Levels so far: ``memory`` (a snapshot copy) and ``local`` (files per node, checksummed,
+committed atomically). Partner copies, XOR parity, HDF5 and the fault-injection harness
+are the rest of the checkpointing issue.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from .manager import LEVELS, Checkpointer, SaveHandle
+from .state import CheckpointError
+
+__all__ = ["Checkpointer", "SaveHandle", "CheckpointError", "LEVELS"]

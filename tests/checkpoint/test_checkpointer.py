@@ -1,0 +1,124 @@
+"""Checkpointer: round trips, background saves, atomic commits, verified restores, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hpcpar.checkpoint import Checkpointer, CheckpointError
+
+import hpcpar
+from hpcpar.testing import assert_all, layouts_for
+
+pytestmark = pytest.mark.mpi
+
+
+def shared_dir(comm, tmp_path):
+    return Path(comm.bcast(str(tmp_path), root=0))
+
+
+def state_of(rank, step):
+    rng = np.random.default_rng([rank, step])
+    return {
+        "model": {"w": rng.standard_normal((7, 5)), "b": rng.integers(0, 9, 4)},
+        "step": step,
+        "name": f"rank{rank}",
+        "lr": 0.1,
+        "done": False,
+        "extra": None,
+    }
+
+
+def same(a, b):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("layout", layouts_for(hpcpar.default_comm().Get_size())[:4])
+def test_round_trip_and_restart_from_files(comm, tmp_path, layout):
+    rank = comm.Get_rank()
+    root = shared_dir(comm, tmp_path) / "ck"
+    h = hpcpar.Hierarchy(comm, layout=layout)
+    with Checkpointer(root, comm=h) as ck:
+        for step in (1, 2, 3):
+            state = state_of(rank, step)
+            handle = ck.save(step, state)
+            state["model"]["w"][:] = -1  # the caller may change its arrays at once
+            handle.wait()
+        assert_all(ck.versions() == [3, 2], f"keep 2 versions: {ck.versions()}", comm)
+        got_step, got = ck.restore()
+        assert_all(got_step == 3 and same(got, state_of(rank, 3)), "restore from memory", comm)
+    with Checkpointer(root, comm=h) as again:  # a new process would see only the files
+        got_step, got = again.restore()
+        assert_all(got_step == 3 and same(got, state_of(rank, 3)), "restore from files", comm)
+        older_step, older = again.restore(step=2)
+        assert_all(
+            older_step == 2 and same(older, state_of(rank, 2)), "restore an older version", comm
+        )
+    h.free()
+
+
+def test_lazy_save_copies_in_the_background(comm, tmp_path):
+    root = shared_dir(comm, tmp_path) / "lazy"
+    with Checkpointer(root, comm=comm, levels=["local"]) as ck:
+        state = state_of(comm.Get_rank(), 5)
+        handle = ck.save(5, state, lazy=True)
+        handle.wait_snapshot()
+        assert handle.snapshot_done()
+        state["model"]["w"][:] = 0
+        handle.wait()
+    with Checkpointer(root, comm=comm, levels=["local"]) as ck:
+        _, got = ck.restore()
+        assert_all(same(got, state_of(comm.Get_rank(), 5)), "lazy save", comm)
+
+
+def test_corruption_and_uncommitted_versions_fall_back(comm, tmp_path):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    root = shared_dir(comm, tmp_path) / "faults"
+    with Checkpointer(root, comm=comm, levels=["local"], policy={"keep": {"local": 3}}) as ck:
+        for step in (10, 20, 30):
+            ck.save(step, state_of(rank, step)).wait()
+    # version 30: flip a byte in the last rank's shard; version 20: drop its commit marker
+    if rank == size - 1:
+        files = sorted((root / "local").glob(f"node*/v{30:012d}/rank{rank}/a*.npy"))
+        data = bytearray(files[0].read_bytes())
+        data[-1] ^= 0xFF
+        files[0].write_bytes(bytes(data))
+    comm.Barrier()
+    if rank == 0:
+        (root / "local" / f"v{20:012d}.committed").unlink()
+    comm.Barrier()
+    with Checkpointer(root, comm=comm, levels=["local"]) as ck:
+        assert_all(ck.versions() == [30, 10], f"versions {ck.versions()}", comm)
+        step, got = ck.restore()
+        assert_all(step == 10 and same(got, state_of(rank, 10)), f"fell back to {step}", comm)
+        with pytest.raises(CheckpointError, match="no recoverable version 30"):
+            ck.restore(step=30)
+
+
+def test_bad_input(comm, tmp_path):
+    root = shared_dir(comm, tmp_path)
+    with pytest.raises(CheckpointError, match="unknown level"):
+        Checkpointer(root / "a", comm=comm, levels=["tape"])
+    with pytest.raises(CheckpointError, match="positive integer"):
+        Checkpointer(root / "b", comm=comm, policy={"every": {"local": 0}})
+    with Checkpointer(root / "c", comm=comm) as ck:
+        with pytest.raises(CheckpointError, match=r"'model/opt'.*unsupported type set"):
+            ck.save(1, {"model": {"opt": {1, 2}}})
+        with pytest.raises(CheckpointError, match="step must be"):
+            ck.save(-1, {})
+        with pytest.raises(CheckpointError, match="no recoverable"):
+            ck.restore()
+    if comm.Get_rank() == 0:
+        (root / "d").mkdir()
+        (root / "d" / "hpcpar-checkpoint.json").write_text(
+            json.dumps({"format": "hpcpar-checkpoint", "ranks": 99})
+        )
+    comm.Barrier()
+    with pytest.raises(CheckpointError, match="written by a job of 99 ranks"):
+        Checkpointer(root / "d", comm=comm)
