@@ -25,6 +25,7 @@ BUILTIN_MODULES = (
     "hpcpar.cli.calibrate",
     "hpcpar.cli.simulate",
     "hpcpar.cli.vcluster",
+    "hpcpar.cli.checkpoint",
     "hpcpar.bench.command",
 )
 
