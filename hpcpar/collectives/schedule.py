@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from mpi4py import MPI
@@ -128,8 +128,3 @@ class CollectiveRequest:
                 PendingRequestWarning,
                 stacklevel=2,
             )
-
-
-def wait_all(requests: Iterable[CollectiveRequest]) -> list[Any]:
-    """Wait for several collective requests; return their results in order."""
-    return [r.wait() for r in requests]

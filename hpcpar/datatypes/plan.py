@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from .decode import decode_layout
 from .errors import DatatypeError
-from .ir import Item, Repeat, Strided, canonical, packed_size, span
+from .ir import Item, Repeat, Strided, canonical, packed_size, replicate, span
 from .kernels import copy_kernels, flatten
 
 __all__ = ["Plan", "plan"]
@@ -225,14 +225,12 @@ def _mpi_items(items: tuple[Item, ...]) -> MPI.Datatype:
             displacements.append(item.offset)
         else:
             body = _mpi_items(item.body)
-            lo = span(item.body)[0]
             shaped = body.Create_resized(0, item.stride)
             body.Free()
             repeated = shaped.Create_contiguous(item.count)
             shaped.Free()
             parts.append(repeated)
             displacements.append(0)
-            del lo
     if not parts:
         return MPI.BYTE.Create_contiguous(0)
     combined = MPI.Datatype.Create_struct([1] * len(parts), displacements, parts)
@@ -322,8 +320,6 @@ def replicate_shape(
     items: tuple[Item, ...], shape: tuple[int, ...], itemsize: int
 ) -> tuple[Item, ...]:
     """A C-ordered block of ``shape`` elements of a layout ``itemsize`` bytes apart."""
-    from .ir import replicate
-
     stride = itemsize
     for n in reversed(shape):
         items = replicate(items, n, stride)
