@@ -1,13 +1,14 @@
 """hpcpar.checkpoint: asynchronous multi-level checkpointing (installed from checkpoint/).
 
-Levels so far: ``memory`` (a snapshot copy) and ``local`` (files per node, checksummed,
-committed atomically). Partner copies, XOR parity, HDF5 and the fault-injection harness
-are the rest of the checkpointing issue.
+Levels, fastest first: ``memory`` (a snapshot copy), ``local`` (files per node),
+``partner`` (a copy on the next node), ``xor`` (parity across nodes), ``hdf5`` (the
+parallel file system). ``hpcpar.checkpoint.faults`` injects crashes and damage.
 """
 
 from __future__ import annotations
 
 from .manager import LEVELS, Checkpointer, SaveHandle
+from .policy import young_daly_interval
 from .state import CheckpointError
 
-__all__ = ["Checkpointer", "SaveHandle", "CheckpointError", "LEVELS"]
+__all__ = ["Checkpointer", "SaveHandle", "CheckpointError", "LEVELS", "young_daly_interval"]

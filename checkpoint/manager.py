@@ -16,20 +16,22 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
+import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .levels import Level, LocalLevel
-from .shard import read_shard, write_atomic, write_shard
+from .faults import Fault, disarm, parse_fault
+from .levels import Hdf5Level, Job, Level, LocalLevel, PartnerLevel, XorLevel
+from .policy import LEVELS, check_levels, parse_policy, young_daly_interval
+from .shard import encode_shard, write_atomic
 from .state import CheckpointError, flatten_state, unflatten_state
 
 __all__ = ["Checkpointer", "SaveHandle", "LEVELS"]
 
-LEVELS = ("memory", "local")
 _JOB_FILE = "hpcpar-checkpoint.json"
 
 
@@ -55,28 +57,61 @@ class SaveHandle:
         """Block until the version is committed at every due level.
 
         Raises:
-            CheckpointError: the version could not be committed (it is not restorable).
+            CheckpointError: the version could not be committed at some level (the
+                levels that did commit it are restorable).
         """
         self._flush.result()
 
 
-def _copy(flat: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in flat.items()}
+class _Buffers:
+    """Two sets of snapshot buffers used in turn (no page faults after the first saves)."""
+
+    def __init__(self) -> None:
+        self.sets: list[dict[str, np.ndarray]] = [{}, {}]
+        self.turn = 0
+
+    def copy(self, flat: dict[str, Any], fault: Fault | None, step: int, rank: int) -> dict:
+        spare = self.sets[self.turn]
+        self.turn ^= 1
+        out: dict[str, Any] = {}
+        arrays = [k for k, v in flat.items() if isinstance(v, np.ndarray)]
+        half = len(arrays) // 2
+        for name, value in flat.items():
+            if isinstance(value, np.ndarray):
+                buf = spare.get(name)
+                if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
+                    buf = spare[name] = np.empty(value.shape, value.dtype)
+                np.copyto(buf, value)
+                out[name] = buf
+                if fault is not None and arrays.index(name) + 1 == max(half, 1):
+                    fault.point("snapshot", step, rank)
+            else:
+                out[name] = value
+        for stale in set(spare) - set(arrays):
+            del spare[stale]
+        return out
 
 
 class Checkpointer:
     """Multi-level checkpoints of a job's state.
 
     Args:
-        path: The checkpoint root (a shared or node-local directory).
-        comm: ``None`` (hpcpar's communicator), a communicator or a ``Hierarchy``.
-        levels: Level names, default ``["memory", "local"]``.
-        policy: ``{"every": {"local": 1}, "keep": {"local": 2}}``: write a level every N
-            saves and keep its newest K versions (defaults 1 and 2).
+        path: The checkpoint root, shared by all ranks (commit markers, HDF5 files, and
+            the node directories unless ``local_dir`` is given).
+        comm: ``None`` (hpcpar's communicator), a communicator or a ``Hierarchy`` (its
+            layout decides which ranks share a node, i.e. fail together).
+        levels: Level names from ``memory``, ``local``, ``partner``, ``xor``, ``hdf5``;
+            default ``["memory", "local"]``.
+        policy: ``{"every": {"local": 1, "partner": 5, "hdf5": 50}, "keep": {"local": 2},
+            "xor_group": 4}``: write a level on every N-th save (the first save writes
+            all), keep its newest K versions (memory keeps 1, files 2 by default), and
+            the nodes per XOR group.
+        local_dir: Node-local storage (``/dev/shm/...`` works); node N uses
+            ``local_dir/node<N>``. Default ``path/nodes``.
 
     Raises:
-        CheckpointError: unknown level, bad policy, or a directory written by a job with
-            another number of ranks.
+        CheckpointError: unknown level, bad policy, a layout the partner or xor level
+            cannot protect, or a directory written by a job with another number of ranks.
     """
 
     def __init__(
@@ -85,51 +120,52 @@ class Checkpointer:
         comm: Any = None,
         levels: list[str] | None = None,
         policy: dict[str, Any] | None = None,
+        *,
+        local_dir: Any = None,
     ) -> None:
         from hpcpar.runtime.comm import resolve_comm
         from hpcpar.topology import Hierarchy
 
-        names = list(levels) if levels is not None else ["memory", "local"]
-        unknown = [n for n in names if n not in LEVELS]
-        if unknown:
-            raise CheckpointError(f"unknown level(s) {unknown}; choose from {', '.join(LEVELS)}")
-        self.every, self.keep = self._policy(policy or {}, names)
+        names = check_levels(levels)
+        self.every, self.keep, group = parse_policy(policy, names)
+        self.fault = parse_fault(os.environ.get("HPCPAR_CHECKPOINT_FAULT"))
         layout = comm.layout if isinstance(comm, Hierarchy) else None
         self.comm = resolve_comm(comm).Dup()  # checkpoint traffic runs on its own communicator
         with Hierarchy(self.comm, layout=layout) as h:
-            node = h.node_index
+            node_of = list(h.node_of)
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.root = Path(path)
         self._check_job()
-        self.levels: list[Level] = (
-            [LocalLevel(self.root / "local", node)] if "local" in names else []
+        local = Path(local_dir) if local_dir is not None else self.root / "nodes"
+        self.job = Job(self.comm, node_of, self.root, local)
+        makers = {
+            "local": LocalLevel,
+            "partner": PartnerLevel,
+            "xor": lambda job: XorLevel(job, group),
+            "hdf5": Hdf5Level,
+        }
+        self.levels: list[Level] = self._agree(
+            lambda: [makers[n](self.job) for n in names if n in makers]
         )
         self.memory = "memory" in names
         self._snapshot: tuple[int, dict[str, Any]] | None = None
+        self._buffers = _Buffers()
         self._saves = 0
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hpcpar-checkpoint")
         self._last: Future[Any] | None = None
-        self._lock = threading.Lock()
+        self.restored_from: list[str] = []
+        self.timings: dict[str, list[float]] = {lv.name: [] for lv in self.levels}
 
-    @staticmethod
-    def _policy(policy: dict[str, Any], names: list[str]) -> tuple[dict[str, int], dict[str, int]]:
-        every, keep = {n: 1 for n in names}, {n: 2 for n in names}
-        for key, table in policy.items():
-            if key not in ("every", "keep") or not isinstance(table, dict):
-                raise CheckpointError(
-                    f"policy: unknown entry {key!r} (use 'every' and 'keep' tables)"
-                )
-            for level, value in table.items():
-                if level not in names:
-                    raise CheckpointError(
-                        f"policy.{key}: {level!r} is not one of the levels {names}"
-                    )
-                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                    raise CheckpointError(
-                        f"policy.{key}.{level} must be a positive integer, not {value!r}"
-                    )
-                (every if key == "every" else keep)[level] = value
-        return every, keep
+    def _agree(self, build: Any) -> Any:
+        """Build on every rank; if it fails on any, raise the first error everywhere."""
+        try:
+            out, problem = build(), ""
+        except CheckpointError as exc:
+            out, problem = None, str(exc)
+        problems = [p for p in self.comm.allgather(problem) if p]
+        if problems:
+            raise CheckpointError(problems[0])
+        return out
 
     def _check_job(self) -> None:
         problem = None
@@ -170,10 +206,9 @@ class Checkpointer:
         self._drain()  # back-pressure: one flush in flight
         snapshot: Future[Any] = Future()
         if lazy:
-            work = self._pool.submit(_copy, flat)
-            snapshot = work
+            snapshot = self._pool.submit(self._buffers.copy, flat, self.fault, step, self.rank)
         else:
-            snapshot.set_result(_copy(flat))
+            snapshot.set_result(self._buffers.copy(flat, self.fault, step, self.rank))
         self._saves += 1
         due = [lv for lv in self.levels if (self._saves - 1) % self.every[lv.name] == 0]
         self._last = self._pool.submit(self._flush, step, snapshot, due)
@@ -183,25 +218,36 @@ class Checkpointer:
         copy = snapshot.result()
         if self.memory:
             self._snapshot = (step, copy)
+        if not due:
+            return
+        shard = encode_shard(step, self.rank, copy)
+        written: dict[str, Path] = {}
+        failed: list[str] = []
         for level in due:
-            ok, reason = True, ""
-            try:
-                write_shard(level.shard_dir(step, self.rank), step, self.rank, copy)
-            except OSError as exc:
-                ok, reason = False, f"rank {self.rank}: {exc.strerror or exc}"
-            reasons = self.comm.allgather(reason if not ok else "")
-            if any(reasons):
-                level.remove(step, self.rank)
-                raise CheckpointError(
-                    f"version {step} not committed at {level.name}: "
-                    + "; ".join(r for r in reasons if r)
-                )
+            start = time.perf_counter()
+            if self.fault is not None:
+                self.fault.arm_write(step, self.rank, level.name)
+            reason = level.write(step, shard, copy, written)
+            if self.fault is not None:
+                disarm()
+            reasons = [r for r in self.comm.allgather(reason) if r]
+            if reasons:
+                level.remove(step)
+                failed.append(f"{level.name}: {'; '.join(reasons)}")
+                continue
+            if self.fault is not None:
+                self.fault.point("before-commit", step, self.rank, level.name)
             if self.rank == 0:
-                write_atomic(
-                    level.commit_marker(step), json.dumps({"step": step, "ranks": self.size})
-                )
+                level.on_commit(step)
+                level.marker(step).parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(level.marker(step), json.dumps({"step": step, "ranks": self.size}))
             self.comm.Barrier()  # the marker exists before anyone prunes or restores
+            self.timings[level.name].append(time.perf_counter() - start)
+            if self.fault is not None:
+                self.fault.point("after-commit", step, self.rank, level.name)
             self._prune(level)
+        if failed:
+            raise CheckpointError(f"version {step} not committed at " + " | ".join(failed))
 
     def _prune(self, level: Level) -> None:
         # rank 0's listing for all: another rank listing while rank 0 unlinks would see less
@@ -210,9 +256,9 @@ class Checkpointer:
         )
         for old in stale:
             if self.rank == 0:
-                level.commit_marker(old).unlink(missing_ok=True)
-            self.comm.Barrier()  # nobody deletes a shard of a still-committed version
-            level.remove(old, self.rank)
+                level.marker(old).unlink(missing_ok=True)
+            self.comm.Barrier()  # nobody deletes a file of a still-committed version
+            level.remove(old)
 
     def _drain(self) -> None:
         if self._last is not None:
@@ -222,17 +268,22 @@ class Checkpointer:
 
     # ---- restoring -----------------------------------------------------------------
 
-    def versions(self) -> list[int]:
-        """Committed versions at the slowest file level, newest first (collective)."""
+    def committed(self) -> dict[str, list[int]]:
+        """Committed versions per file level, newest first (collective)."""
         self._drain()
-        seen = set()
-        for level in self.levels:
-            seen |= set(level.committed())
-        mine = sorted(seen, reverse=True)
+        mine = {lv.name: lv.committed() for lv in self.levels} if self.rank == 0 else None
         return self.comm.bcast(mine, root=0)
+
+    def versions(self) -> list[int]:
+        """Every version committed at some file level, newest first (collective)."""
+        return sorted({v for vs in self.committed().values() for v in vs}, reverse=True)
 
     def restore(self, step: int | None = None) -> tuple[int, dict[str, Any]]:
         """The newest version every rank can rebuild and verify (or exactly ``step``).
+
+        Levels are tried fastest first (memory, local, partner, xor, hdf5); a rank whose
+        copy at one level is lost or damaged is served by the next, and
+        ``restored_from`` lists the level that served each rank.
 
         Returns:
             ``(step, state)``.
@@ -241,37 +292,69 @@ class Checkpointer:
             CheckpointError: no committed version is whole on every rank (the reasons of
                 the newest one are given).
         """
-        self._drain()
-        committed = self.versions()
+        committed = self.committed()
+        newest = max((v for vs in committed.values() for v in vs), default=-1)
         mine = self._snapshot[0] if self._snapshot is not None else -1
         everyone = self.comm.allgather(mine)
-        newest_file = committed[0] if committed else -1
-        if len(set(everyone)) == 1 and mine >= max(newest_file, 0) and step in (None, mine):
-            return mine, unflatten_state(_copy(self._snapshot[1]))  # type: ignore[index]
+        if len(set(everyone)) == 1 and mine >= max(newest, 0) and step in (None, mine):
+            self.restored_from = ["memory"] * self.size
+            flat = {
+                k: (v.copy() if isinstance(v, np.ndarray) else v)
+                for k, v in self._snapshot[1].items()
+            }  # type: ignore[index]
+            return mine, unflatten_state(flat)
+        candidates = sorted({v for vs in committed.values() for v in vs}, reverse=True)
         problems: list[str] = []
-        for candidate in committed:
+        for candidate in candidates:
             if step is not None and candidate != step:
                 continue
+            flat, served, why = None, "", ""
             for level in self.levels:
-                try:
-                    flat, reason = (
-                        read_shard(level.shard_dir(candidate, self.rank), candidate, self.rank),
-                        "",
-                    )
-                except CheckpointError as exc:
-                    flat, reason = None, str(exc)
-                reasons = [r for r in self.comm.allgather(reason) if r]
-                if not reasons:
+                if candidate not in committed[level.name]:
+                    continue
+                got, reason = level.recover(candidate, flat is None)
+                if flat is None:
+                    if got is not None:
+                        flat, served = got, level.name
+                    else:
+                        why = reason or why
+                servers = self.comm.allgather(served)
+                if all(servers):
+                    self.restored_from = servers
                     return candidate, unflatten_state(flat)  # type: ignore[arg-type]
-                problems.append(f"version {candidate} at {level.name}: {reasons[0]}")
-        wanted = f"version {step}" if step is not None else "any version"
+            reasons = [r for r in self.comm.allgather("" if flat is not None else why) if r]
+            problems.append(f"version {candidate}: {reasons[0] if reasons else 'incomplete'}")
+        wanted = f"version {step}" if step is not None else "version"
         detail = f" ({problems[0]})" if problems else ""
         raise CheckpointError(f"no recoverable {wanted} in {self.root}{detail}")
 
+    def suggest_interval(self, mtbf_s: float, level: str | None = None) -> float:
+        """Young/Daly compute time between saves, from this run's median commit time.
+
+        Args:
+            mtbf_s: The mean time between failures the level must survive.
+            level: The level whose cost counts (default: the slowest one written so far).
+
+        Raises:
+            CheckpointError: no save has been committed yet, or an unknown level.
+        """
+        if level is not None and level not in self.timings:
+            raise CheckpointError(f"level {level!r} is not in use")
+        costs = {n: float(np.median(t)) for n, t in self.timings.items() if t}
+        if level is not None:
+            costs = {level: costs[level]} if level in costs else {}
+        if not costs:
+            raise CheckpointError("no committed save measured yet; save once first")
+        return young_daly_interval(max(costs.values()), mtbf_s)
+
     def close(self) -> None:
-        """Finish the flush in flight and release the background thread and communicator."""
+        """Finish the flush in flight and release the background thread and communicators."""
         self._drain()
         self._pool.shutdown(wait=True)
+        for level in self.levels:
+            set_comm = getattr(level, "set_comm", None)
+            if set_comm is not None:
+                set_comm.Free()
         self.comm.Free()
 
     def __enter__(self) -> Checkpointer:

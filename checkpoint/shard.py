@@ -1,11 +1,24 @@
-"""Writing and reading one rank's shard: .npy files, a checksummed manifest, atomic renames."""
+"""One rank's shard of a version as a single self-checking file.
+
+Layout: the arrays' bytes (each 64-byte aligned), then a JSON manifest (one SHA-256 per
+array, its dtype, shape and offset; numbers and strings inline), then a 24-byte trailer
+(magic, manifest length, CRC-32 of the manifest). A truncated file loses its trailer, a
+flipped byte breaks a checksum, so a damaged shard is always detected, never decoded into
+a wrong array. Nothing is unpickled: dtypes with Python objects are refused.
+
+The same bytes are written to a node's local directory, sent to a partner, XOR-ed into
+parity, so every level verifies what it rebuilds the same way.
+"""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
-import shutil
+import struct
+import threading
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +26,20 @@ import numpy as np
 
 from .state import CheckpointError
 
-__all__ = ["write_shard", "read_shard", "fsync_dir", "write_atomic"]
+__all__ = [
+    "EncodedShard",
+    "encode_shard",
+    "decode_shard",
+    "write_file",
+    "read_file",
+    "fsync_dir",
+    "write_atomic",
+]
 
-MANIFEST = "manifest.json"
+MAGIC = b"HPCPARS1"
+_TRAILER = struct.Struct("<8sQI4x")
+_ALIGN = 64
+_PAD = bytes(_ALIGN)
 
 
 def fsync_dir(path: Path) -> None:
@@ -38,68 +62,209 @@ def write_atomic(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+class EncodedShard:
+    """A shard ready to write or send.
+
+    The array bytes (``body``) can be written at once; the manifest with their SHA-256s is
+    computed on a helper thread meanwhile (hashing releases the GIL), and ``tail()`` waits
+    for it, so checksumming overlaps with writing.
+
+    Attributes:
+        step, rank: The version and the rank it belongs to.
+        body: The arrays' bytes and alignment padding, in file order.
+        body_nbytes: Their total length.
+    """
+
+    def __init__(self, step: int, rank: int, entries: dict[str, Any], body: list[Any]) -> None:
+        self.step, self.rank, self.body = step, rank, body
+        self.body_nbytes = sum(memoryview(s).nbytes for s in body)
+        self._entries = entries
+        self._tail: bytes | None = None
+        self._digests: list[str] = []
+        arrays = [entries[n]["raw"] for n in sorted(entries) if "raw" in entries[n]]
+        self._hasher = threading.Thread(target=_hash_all, args=(arrays, self._digests))
+        self._hasher.start()
+
+    def tail(self) -> bytes:
+        """The manifest and trailer (waits for the checksums)."""
+        if self._tail is None:
+            self._hasher.join()
+            entries = {}
+            names = iter(self._digests)
+            for name in sorted(self._entries):
+                entry = dict(self._entries[name])
+                if entry.pop("raw", None) is not None:
+                    entry["sha256"] = next(names)
+                entries[name] = entry
+            manifest = json.dumps(
+                {
+                    "format": "hpcpar-shard",
+                    "step": self.step,
+                    "rank": self.rank,
+                    "entries": entries,
+                },
+                separators=(",", ":"),
+            ).encode()
+            self._tail = manifest + _TRAILER.pack(MAGIC, len(manifest), zlib.crc32(manifest))
+        return self._tail
+
+    @property
+    def nbytes(self) -> int:
+        """The file's length."""
+        return self.body_nbytes + len(self.tail())
+
+    def join(self, length: int | None = None) -> np.ndarray:
+        """The file's bytes as one uint8 array, zero-padded to ``length``."""
+        out = np.zeros(max(length or 0, self.nbytes), dtype=np.uint8)
+        pos = 0
+        for seg in [*self.body, self.tail()]:
+            view = np.frombuffer(memoryview(seg).cast("B"), dtype=np.uint8)
+            out[pos : pos + view.size] = view
+            pos += view.size
+        return out
 
 
-def write_shard(target: Path, step: int, rank: int, flat: dict[str, Any]) -> None:
-    """Write ``flat`` into ``target`` atomically: a temporary directory renamed into place."""
-    tmp = target.with_name(f".{target.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+def _hash_all(arrays: list[np.ndarray], out: list[str]) -> None:
+    out.extend(hashlib.sha256(memoryview(a)).hexdigest() for a in arrays)
+
+
+def encode_shard(step: int, rank: int, flat: dict[str, Any]) -> EncodedShard:
+    """Lay out ``flat`` (name -> array or JSON value) as a shard; hashing starts at once."""
     entries: dict[str, Any] = {}
-    for i, (name, value) in enumerate(sorted(flat.items())):
+    body: list[Any] = []
+    offset = 0
+    for name, value in sorted(flat.items()):
         if isinstance(value, np.ndarray):
-            file = f"a{i:06d}.npy"
-            with open(tmp / file, "wb") as handle:
-                np.save(handle, value, allow_pickle=False)
-                handle.flush()
-                os.fsync(handle.fileno())
+            array = np.ascontiguousarray(value)
+            raw = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
             entries[name] = {
-                "array": file,
-                "sha256": _sha256(tmp / file),
-                "dtype": value.dtype.str,
-                "shape": list(value.shape),
+                "offset": offset,
+                "nbytes": int(array.nbytes),
+                "dtype": array.dtype.str if not array.dtype.fields else array.dtype.descr,
+                "shape": list(array.shape),
+                "raw": raw,
             }
+            body.append(raw)
+            offset += array.nbytes
+            pad = -offset % _ALIGN
+            if pad:
+                body.append(_PAD[:pad])
+                offset += pad
         else:
             entries[name] = {"value": value}
-    write_atomic(
-        tmp / MANIFEST,
-        json.dumps({"format": "hpcpar-shard", "step": step, "rank": rank, "entries": entries}),
-    )
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
-    fsync_dir(target.parent)
+    return EncodedShard(step, rank, entries, body)
 
 
-def read_shard(target: Path, step: int, rank: int) -> dict[str, Any]:
-    """Read and verify a shard (checksums, shapes, dtypes); never unpickles anything.
+def _dtype(spec: Any, name: str, where: str) -> np.dtype:
+    try:
+        dtype = np.dtype(spec if isinstance(spec, str) else [tuple(f) for f in spec])
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{where}: {name!r} has an unknown dtype") from None
+    if dtype.hasobject:
+        raise CheckpointError(f"{where}: {name!r} asks for Python objects (refused)")
+    return dtype
+
+
+def decode_shard(
+    data: np.ndarray, step: int, rank: int, where: str = "shard", verify: bool = True
+) -> dict[str, Any]:
+    """Check and unpack a shard's bytes (uint8 array); arrays are views into ``data``.
 
     Raises:
-        CheckpointError: missing, truncated or corrupted, naming what is wrong.
+        CheckpointError: truncated, corrupted, or a shard of another version or rank.
     """
+    if data.size < _TRAILER.size:
+        raise CheckpointError(f"{where}: truncated ({data.size} bytes)")
+    magic, length, crc = _TRAILER.unpack(data[-_TRAILER.size :].tobytes())
+    end = data.size - _TRAILER.size
+    if magic != MAGIC or length > end:
+        raise CheckpointError(f"{where}: truncated or not a shard (no trailer)")
+    manifest = data[end - length : end].tobytes()
+    if zlib.crc32(manifest) != crc:
+        raise CheckpointError(f"{where}: manifest checksum does not match")
     try:
-        doc = json.loads((target / MANIFEST).read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{target}: manifest unreadable ({exc.__class__.__name__})") from None
+        doc = json.loads(manifest)
+    except ValueError:
+        raise CheckpointError(f"{where}: manifest unreadable") from None
     if doc.get("format") != "hpcpar-shard" or doc.get("step") != step or doc.get("rank") != rank:
-        raise CheckpointError(f"{target}: manifest is for another version or rank")
+        raise CheckpointError(f"{where}: manifest is for another version or rank")
     flat: dict[str, Any] = {}
+    payload = end - length
     for name, entry in doc.get("entries", {}).items():
         if "value" in entry:
             flat[name] = entry["value"]
             continue
-        path = target / str(entry.get("array", ""))
-        if path.parent != target or not path.is_file():
-            raise CheckpointError(f"{target}: array file of {name!r} is missing")
-        if _sha256(path) != entry.get("sha256"):
-            raise CheckpointError(f"{target}: checksum of {name!r} does not match")
-        array = np.load(path, allow_pickle=False)
-        if array.dtype.str != entry.get("dtype") or list(array.shape) != entry.get("shape"):
-            raise CheckpointError(f"{target}: {name!r} has the wrong dtype or shape")
-        flat[name] = array
+        dtype = _dtype(entry.get("dtype"), name, where)
+        offset, nbytes, shape = entry.get("offset", -1), entry.get("nbytes", -1), entry["shape"]
+        if not (offset >= 0 and nbytes >= 0 and offset + nbytes <= payload):
+            raise CheckpointError(f"{where}: {name!r} lies outside the file")
+        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != nbytes:
+            raise CheckpointError(f"{where}: {name!r} has the wrong size for its shape")
+        raw = data[offset : offset + nbytes]
+        if verify and hashlib.sha256(memoryview(raw)).hexdigest() != entry.get("sha256"):
+            raise CheckpointError(f"{where}: checksum of {name!r} does not match")
+        flat[name] = raw.view(dtype).reshape(shape) if nbytes else np.zeros(shape, dtype)
     return flat
+
+
+# ---- files ---------------------------------------------------------------------------
+
+_CHUNK = 64 << 20
+
+
+def write_file(path: Path, shard: EncodedShard) -> None:
+    """Write a shard durably and atomically: temporary file, fsync, rename, fsync dir.
+
+    Raises:
+        OSError: the write failed (the temporary file is removed).
+    """
+    from .faults import at_half, check_write
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    half, written = shard.body_nbytes // 2, 0
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            check_write(path)
+            for seg in [*shard.body, shard.tail()]:
+                view = memoryview(seg).cast("B")
+                for start in range(0, max(len(view), 1), _CHUNK):
+                    piece = view[start : start + _CHUNK]
+                    while len(piece):
+                        n = os.write(fd, piece)
+                        if n == 0:
+                            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                        piece, written = piece[n:], written + n
+                    if written >= half:
+                        at_half()
+                        half = 1 << 62
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def read_file(path: Path, step: int, rank: int) -> dict[str, Any]:
+    """Read and verify a shard file.
+
+    Raises:
+        CheckpointError: missing, truncated or corrupted, naming what is wrong.
+    """
+    return decode_shard(read_bytes(path), step, rank, where=str(path))
+
+
+def read_bytes(path: Path) -> np.ndarray:
+    """A file's bytes as a uint8 array.
+
+    Raises:
+        CheckpointError: the file is missing or unreadable.
+    """
+    try:
+        return np.fromfile(path, dtype=np.uint8)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: {exc.strerror or 'unreadable'}") from None

@@ -1,39 +1,138 @@
-"""The interface every checkpoint level implements."""
+"""What every checkpoint level shares: the job's layout, commit markers, one interface."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Level"]
+from ..shard import EncodedShard, fsync_dir, write_file
+
+__all__ = ["Job", "Level"]
+
+_MARKER = re.compile(r"^v(\d{12})\.committed$")
+
+
+class Job:
+    """The job as the levels see it: ranks, their nodes, and where files go.
+
+    Args:
+        comm: The checkpointer's communicator.
+        node_of: The node index of every rank.
+        root: The checkpoint root (shared by all ranks: commit markers, HDF5 files).
+        local_dir: The node-local storage; node N uses ``local_dir/node<N>``.
+    """
+
+    def __init__(self, comm: Any, node_of: list[int], root: Path, local_dir: Path) -> None:
+        self.comm, self.node_of, self.root, self.local_dir = comm, node_of, root, local_dir
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.node = node_of[self.rank]
+        self.n_nodes = max(node_of) + 1
+        self.ranks_of = [
+            [r for r, n in enumerate(node_of) if n == node] for node in range(self.n_nodes)
+        ]
+        self.local_rank_of = [self.ranks_of[n].index(r) for r, n in enumerate(node_of)]
+
+    def node_dir(self, node: int | None = None) -> Path:
+        """A node's local directory (this rank's node by default)."""
+        return self.local_dir / f"node{self.node if node is None else node}"
 
 
 class Level:
-    """One place versions are kept (a directory tree for file levels).
+    """One place versions are kept.
 
-    A level writes a rank's shard of a version into a temporary directory, renames it
-    into place, and after every rank has succeeded writes the version's commit marker.
-    Only committed versions are ever restored.
+    ``write`` and ``recover`` are collective over the job (every rank calls them for the
+    same version, in the same order); a failure on one rank is returned, never raised, so
+    no rank is left waiting in a collective the others skipped.
     """
 
     name = "level"
 
-    def shard_dir(self, step: int, rank: int) -> Path:
-        """Where rank's shard of version ``step`` lives."""
-        raise NotImplementedError
+    def __init__(self, job: Job) -> None:
+        self.job = job
 
-    def commit_marker(self, step: int) -> Path:
-        """The file whose presence commits version ``step``."""
-        raise NotImplementedError
+    # ---- commit markers (in the shared root) ----------------------------------------
+
+    def marker(self, step: int) -> Path:
+        """The file whose presence commits version ``step`` at this level."""
+        return self.job.root / "commits" / self.name / f"v{step:012d}.committed"
 
     def committed(self) -> list[int]:
-        """Committed versions, newest first."""
+        """Committed versions, newest first (call on one rank and broadcast)."""
+        folder = self.job.root / "commits" / self.name
+        if not folder.is_dir():
+            return []
+        steps = [int(m.group(1)) for p in folder.iterdir() if (m := _MARKER.match(p.name))]
+        return sorted(steps, reverse=True)
+
+    def version_dir(self, step: int, node: int | None = None) -> Path:
+        """Where this level keeps a node's files of version ``step``."""
+        return self.job.node_dir(node) / self.name / f"v{step:012d}"
+
+    def own_path(self, step: int) -> Path:
+        """This rank's own shard of version ``step``."""
+        return self.version_dir(step) / f"rank{self.job.rank}.shard"
+
+    # ---- the interface ----------------------------------------------------------------
+
+    def write(
+        self, step: int, shard: EncodedShard, flat: dict[str, Any], written: dict[str, Path]
+    ) -> str:
+        """Write this rank's part of version ``step`` (collective).
+
+        ``written`` maps the levels already written in this save to this rank's shard
+        file, so a level can hard-link instead of writing the same bytes again.
+
+        Returns:
+            "" on success, else why this rank failed.
+        """
         raise NotImplementedError
 
-    def remove(self, step: int, rank: int) -> None:
-        """Delete rank's shard of a version (and the marker, on the marker's writer)."""
+    def recover(self, step: int, need: bool) -> tuple[dict[str, Any] | None, str]:
+        """Rebuild version ``step`` for the ranks with ``need`` (collective).
+
+        Returns:
+            ``(flat state or None, reason it could not be rebuilt)``.
+        """
         raise NotImplementedError
+
+    def on_commit(self, step: int) -> None:
+        """Run on rank 0 after every rank wrote ``step``, before the marker is written."""
+
+    def remove(self, step: int) -> None:
+        """Delete this rank's files of version ``step``."""
+        folder = self.version_dir(step)
+        for path in self.files(step):
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the node's last rank to get here removes it
+            folder.rmdir()
+
+    def files(self, step: int) -> list[Path]:
+        """This rank's files of version ``step``."""
+        return [self.own_path(step)]
 
     def describe(self) -> dict[str, Any]:
-        """What the level is, for manifests and ``hpcpar checkpoint ls``."""
+        """What the level is, for ``hpcpar checkpoint ls``."""
         return {"level": self.name}
+
+
+def link_or_write(path: Path, shard: EncodedShard, written: dict[str, Path]) -> None:
+    """Hard-link a shard file written by another level in this save, else write it.
+
+    Raises:
+        OSError: the write failed.
+    """
+    source = next((p for p in written.values() if p.suffix == ".shard"), None)
+    if source is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        try:
+            os.link(source, path)
+        except OSError:
+            pass  # another file system: write a copy
+        else:
+            fsync_dir(path.parent)
+            return
+    write_file(path, shard)

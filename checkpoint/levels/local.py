@@ -1,57 +1,38 @@
-"""The local level: files in a per-node directory (``/dev/shm`` works); survives a crash."""
+"""The local level: each rank's shard in its node's directory; survives a process crash."""
 
 from __future__ import annotations
 
-import contextlib
-import re
-import shutil
 from pathlib import Path
 from typing import Any
 
+from ..shard import EncodedShard, read_file, write_file
+from ..state import CheckpointError
 from .base import Level
 
 __all__ = ["LocalLevel"]
 
-_VERSION = re.compile(r"^v(\d{12})\.committed$")
-
 
 class LocalLevel(Level):
-    """``root/node<N>/v<step>/rank<R>/``; the commit marker sits in ``root/``.
-
-    Args:
-        root: The level's directory (shared by the ranks of a node, or by all).
-        node: This rank's node index (one subdirectory per node, so losing one node's
-            storage loses only that node's shards).
-    """
+    """``local_dir/node<N>/local/v<step>/rank<R>.shard``."""
 
     name = "local"
 
-    def __init__(self, root: Path, node: int) -> None:
-        self.root = Path(root)
-        self.node = node
+    def write(
+        self, step: int, shard: EncodedShard, flat: dict[str, Any], written: dict[str, Path]
+    ) -> str:
+        """Write this rank's shard."""
+        try:
+            write_file(self.own_path(step), shard)
+        except OSError as exc:
+            return f"rank {self.job.rank}: {exc.strerror or exc}"
+        written[self.name] = self.own_path(step)
+        return ""
 
-    def shard_dir(self, step: int, rank: int) -> Path:
-        """``root/node<N>/v<step>/rank<R>``."""
-        return self.root / f"node{self.node}" / f"v{step:012d}" / f"rank{rank}"
-
-    def commit_marker(self, step: int) -> Path:
-        """``root/v<step>.committed``."""
-        return self.root / f"v{step:012d}.committed"
-
-    def committed(self) -> list[int]:
-        """Versions with a commit marker, newest first."""
-        if not self.root.is_dir():
-            return []
-        steps = [int(m.group(1)) for p in self.root.iterdir() if (m := _VERSION.match(p.name))]
-        return sorted(steps, reverse=True)
-
-    def remove(self, step: int, rank: int) -> None:
-        """Delete this rank's shard of a version."""
-        shutil.rmtree(self.shard_dir(step, rank), ignore_errors=True)
-        # the node's ranks race to remove the version directory: the last one wins
-        with contextlib.suppress(OSError):
-            self.shard_dir(step, rank).parent.rmdir()
-
-    def describe(self) -> dict[str, Any]:
-        """The level and its root."""
-        return {"level": self.name, "root": str(self.root)}
+    def recover(self, step: int, need: bool) -> tuple[dict[str, Any] | None, str]:
+        """Read this rank's own shard (no communication)."""
+        if not need:
+            return None, ""
+        try:
+            return read_file(self.own_path(step), step, self.job.rank), ""
+        except CheckpointError as exc:
+            return None, str(exc)

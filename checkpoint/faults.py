@@ -1,0 +1,174 @@
+"""Fault injection: crash a rank at a protocol phase, fail a write, damage a checkpoint.
+
+Faults in a running job are set by ``HPCPAR_CHECKPOINT_FAULT`` (read when a
+``Checkpointer`` is created), a comma-separated list of ``key=value``:
+
+- ``kill=PHASE``: SIGKILL this process at PHASE of the save of ``step`` on ``rank``. PHASE is
+  ``snapshot`` (half of the state copied), ``write`` (half of a shard written),
+  ``before-commit`` (every shard durable, no commit marker yet) or ``after-commit``.
+- ``enospc=LEVEL``: the write of ``step`` on ``rank`` at LEVEL fails with ENOSPC.
+- ``step=N`` (default: any step), ``rank=R`` (default 0), ``level=NAME`` (kill only at
+  that level; default: the first level written).
+
+At-rest damage (``delete_node``, ``flip_bytes``, ``truncate_manifest``) works on a
+checkpoint directory after the job, as the tests and ``hpcpar checkpoint inject`` do.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from .state import CheckpointError
+
+__all__ = [
+    "PHASES",
+    "Fault",
+    "parse_fault",
+    "delete_node",
+    "flip_bytes",
+    "truncate_manifest",
+    "check_write",
+]
+
+PHASES = ("snapshot", "write", "before-commit", "after-commit")
+_active = threading.local()
+
+
+class Fault:
+    """One injected fault (see the module docstring)."""
+
+    def __init__(
+        self,
+        kill: str | None = None,
+        enospc: str | None = None,
+        step: int | None = None,
+        rank: int = 0,
+        level: str | None = None,
+    ) -> None:
+        self.kill, self.enospc, self.step, self.rank, self.level = kill, enospc, step, rank, level
+
+    def hits(self, step: int, rank: int) -> bool:
+        """Whether this save on this rank is the target."""
+        return rank == self.rank and self.step in (None, step)
+
+    def point(self, phase: str, step: int, rank: int, level: str | None = None) -> None:
+        """Die here if this is the phase to kill at."""
+        if self.kill != phase or not self.hits(step, rank):
+            return
+        if level is not None and self.level not in (None, level):
+            return
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def arm_write(self, step: int, rank: int, level: str) -> None:
+        """Arm this thread's next shard write (ENOSPC, or a kill half way), if targeted."""
+        hit = self.hits(step, rank)
+        _active.enospc = hit and self.enospc == level
+        _active.kill_half = hit and self.kill == "write" and self.level in (None, level)
+
+
+def parse_fault(text: str | None) -> Fault | None:
+    """``HPCPAR_CHECKPOINT_FAULT`` -> a Fault, or None when unset.
+
+    Raises:
+        CheckpointError: an unknown key, phase or value.
+    """
+    if not text:
+        return None
+    fields: dict[str, Any] = {}
+    for item in text.split(","):
+        key, sep, value = item.strip().partition("=")
+        if not sep or key not in ("kill", "enospc", "step", "rank", "level"):
+            raise CheckpointError(
+                f"HPCPAR_CHECKPOINT_FAULT: bad entry {item!r} "
+                "(use kill=PHASE or enospc=LEVEL, with step=N, rank=R, level=NAME)"
+            )
+        if key in ("step", "rank"):
+            try:
+                fields[key] = int(value)
+            except ValueError:
+                raise CheckpointError(
+                    f"HPCPAR_CHECKPOINT_FAULT: {key} must be an integer"
+                ) from None
+        else:
+            fields[key] = value
+    if fields.get("kill") not in (None, *PHASES):
+        raise CheckpointError(
+            f"HPCPAR_CHECKPOINT_FAULT: unknown phase {fields['kill']!r}; one of {', '.join(PHASES)}"
+        )
+    return Fault(**fields)
+
+
+def check_write(path: Path) -> None:
+    """Called at the start of every shard write: raise an armed ENOSPC."""
+    if getattr(_active, "enospc", False):
+        _active.enospc = False
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+def at_half() -> None:
+    """Called when half of a shard file is written: die if armed."""
+    if getattr(_active, "kill_half", False):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def disarm() -> None:
+    """Clear this thread's armed write faults."""
+    _active.enospc = _active.kill_half = False
+
+
+# ---- damage at rest ------------------------------------------------------------------
+
+
+def _node_dir(root: Path, node: int, local_dir: Path | None = None) -> Path:
+    return Path(local_dir or Path(root) / "nodes") / f"node{node}"
+
+
+def delete_node(root: Path, node: int, local_dir: Path | None = None) -> Path:
+    """Delete one node's local storage (its local, partner and XOR files)."""
+    target = _node_dir(root, node, local_dir)
+    if not target.is_dir():
+        raise CheckpointError(f"{target}: no such node directory")
+    shutil.rmtree(target)
+    return target
+
+
+def shard_path(root: Path, level: str, step: int, rank: int, node: int | None = None) -> Path:
+    """Where a rank's own shard of a version lives at a level (node needed for node levels).
+
+    Raises:
+        CheckpointError: unknown level, or no node given for a node-local level.
+    """
+    root = Path(root)
+    if level == "hdf5":
+        return root / "hdf5" / f"v{step:012d}" / f"rank{rank}.h5"
+    if level not in ("local", "partner", "xor"):
+        raise CheckpointError(f"unknown level {level!r}")
+    if node is None:
+        found = sorted((root / "nodes").glob(f"node*/{level}/v{step:012d}/rank{rank}.shard"))
+        if not found:
+            raise CheckpointError(f"no {level} shard of version {step} for rank {rank}")
+        return found[0]
+    return _node_dir(root, node) / level / f"v{step:012d}" / f"rank{rank}.shard"
+
+
+def flip_bytes(path: Path, offset: int = 0, count: int = 1) -> None:
+    """Invert ``count`` bytes of a file at ``offset`` (negative: from the end)."""
+    data = bytearray(Path(path).read_bytes())
+    if not data:
+        raise CheckpointError(f"{path}: empty file")
+    start = offset % len(data)
+    for i in range(start, min(start + count, len(data))):
+        data[i] ^= 0xFF
+    Path(path).write_bytes(bytes(data))
+
+
+def truncate_manifest(path: Path, keep: int = 40) -> None:
+    """Cut a shard file inside its manifest (the trailer and the manifest's end are lost)."""
+    size = Path(path).stat().st_size
+    os.truncate(path, max(0, size - keep))

@@ -1,0 +1,132 @@
+"""The partner level: each rank's shard also on a rank of the next node (SCR's PARTNER).
+
+Rank r with local rank i on node n sends its shard to the rank with local rank
+``i mod size(n+1)`` on node ``n+1`` (a ring over nodes), which keeps it as
+``copy-rank<r>.shard``. Losing any one node's storage loses no shard: its ranks' copies
+live on the next node, and the copies it held are of ranks whose own files survive.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..shard import EncodedShard, decode_shard, read_bytes, read_file, write_file
+from ..state import CheckpointError
+from .base import Job, Level, link_or_write
+
+__all__ = ["PartnerLevel", "partner_of"]
+
+_TAG_SIZE, _TAG_DATA = 71, 72
+
+
+def partner_of(job: Job, rank: int) -> int:
+    """The rank that keeps ``rank``'s copy."""
+    node = (job.node_of[rank] + 1) % job.n_nodes
+    ranks = job.ranks_of[node]
+    return ranks[job.local_rank_of[rank] % len(ranks)]
+
+
+class PartnerLevel(Level):
+    """``node<N>/partner/v<step>/rank<R>.shard`` and ``copy-rank<Q>.shard`` for held ranks.
+
+    Raises:
+        CheckpointError: the job has a single node (a copy on the same node protects
+            nothing; use a virtual layout to test).
+    """
+
+    name = "partner"
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
+        if job.n_nodes < 2:
+            raise CheckpointError(
+                "the partner level needs at least 2 nodes; this job has 1 "
+                "(use a layout such as ppn:1 to simulate nodes)"
+            )
+        self.partner = partner_of(job, job.rank)
+        self.held = [r for r in range(job.size) if partner_of(job, r) == job.rank]
+
+    def copy_path(self, step: int, rank: int) -> Path:
+        """Where this rank keeps ``rank``'s copy."""
+        return self.version_dir(step) / f"copy-rank{rank}.shard"
+
+    def files(self, step: int) -> list[Path]:
+        """Own shard and the copies held."""
+        return [self.own_path(step)] + [self.copy_path(step, r) for r in self.held]
+
+    def _exchange(self, send: dict[int, np.ndarray | None], recv_from: list[int]) -> dict:
+        """Send byte arrays (None: "I have nothing") and receive from ``recv_from``."""
+        comm = self.job.comm
+        requests, sizes = [], {}
+        for dest, data in send.items():
+            size = np.array([-1 if data is None else data.size], dtype=np.int64)
+            sizes[dest] = size
+            requests.append(comm.Isend(size, dest=dest, tag=_TAG_SIZE))
+            if data is not None:
+                requests.append(comm.Isend(data, dest=dest, tag=_TAG_DATA))
+        got: dict[int, np.ndarray | None] = {}
+        for source in recv_from:
+            size = np.empty(1, dtype=np.int64)
+            comm.Recv(size, source=source, tag=_TAG_SIZE)
+            if size[0] < 0:
+                got[source] = None
+                continue
+            data = np.empty(int(size[0]), dtype=np.uint8)
+            comm.Recv(data, source=source, tag=_TAG_DATA)
+            got[source] = data
+        for request in requests:
+            request.Wait()
+        return got
+
+    def write(
+        self, step: int, shard: EncodedShard, flat: dict[str, Any], written: dict[str, Path]
+    ) -> str:
+        """Write the own shard, send it to the partner, keep the copies received."""
+        copies = self._exchange({self.partner: shard.join()}, self.held)
+        try:
+            link_or_write(self.own_path(step), shard, written)
+            for rank, data in copies.items():
+                write_file(self.copy_path(step, rank), _Raw(step, rank, data))
+        except OSError as exc:
+            return f"rank {self.job.rank}: {exc.strerror or exc}"
+        written[self.name] = self.own_path(step)
+        return ""
+
+    def recover(self, step: int, need: bool) -> tuple[dict[str, Any] | None, str]:
+        """Own shard if whole, else the partner's copy (verified on arrival)."""
+        flat, reason = None, ""
+        if need:
+            try:
+                flat = read_file(self.own_path(step), step, self.job.rank)
+            except CheckpointError as exc:
+                reason = str(exc)
+        missing = self.job.comm.allgather(need and flat is None)
+        send: dict[int, np.ndarray | None] = {}
+        for rank in self.held:
+            if missing[rank]:
+                try:
+                    data = read_bytes(self.copy_path(step, rank))
+                    decode_shard(data, step, rank, where=str(self.copy_path(step, rank)))
+                    send[rank] = data
+                except CheckpointError:
+                    send[rank] = None
+        got = self._exchange(send, [self.partner] if missing[self.job.rank] else [])
+        if missing[self.job.rank]:
+            data = got[self.partner]
+            if data is None:
+                return None, f"{reason}; and the partner copy on rank {self.partner} is lost"
+            return decode_shard(data, step, self.job.rank, where="partner copy"), ""
+        return flat, reason
+
+
+class _Raw(EncodedShard):
+    """Bytes received from another rank, written as they are."""
+
+    def __init__(self, step: int, rank: int, data: np.ndarray) -> None:
+        self.step, self.rank, self.body, self.body_nbytes = step, rank, [data], data.size
+
+    def tail(self) -> bytes:
+        return b""
