@@ -1,4 +1,4 @@
-"""Looking at a checkpoint directory without the job: versions, shards, checksums."""
+"""Looking at a checkpoint directory without the job: versions per level, files, checksums."""
 
 from __future__ import annotations
 
@@ -7,20 +7,20 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .shard import read_shard
+import numpy as np
+
+from .levels.hdf5 import read_h5
+from .policy import LEVELS
+from .shard import decode_shard, read_bytes, read_file
 from .state import CheckpointError
 
-__all__ = ["scan", "verify"]
+__all__ = ["scan", "verify", "describe_state", "FILE_LEVELS"]
 
-_SHARD = re.compile(r"^node(\d+)/v(\d{12})/rank(\d+)$")
+FILE_LEVELS = tuple(n for n in LEVELS if n != "memory")
+_FILE = re.compile(r"^(rank|copy-rank)(\d+)\.(shard|parity|h5)$")
 
 
-def scan(root: Path) -> dict[str, Any]:
-    """The job's rank count, committed versions, and every shard found, per version and rank.
-
-    Raises:
-        CheckpointError: not an hpcpar checkpoint directory.
-    """
+def _job(root: Path) -> dict[str, Any]:
     job = root / "hpcpar-checkpoint.json"
     try:
         doc = json.loads(job.read_text())
@@ -28,34 +28,121 @@ def scan(root: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{root} is not an hpcpar checkpoint (no readable {job.name})"
         ) from None
-    local = root / "local"
-    committed = (
-        sorted((int(p.name[1:13]) for p in local.glob("v*.committed")), reverse=True)
-        if local.is_dir()
-        else []
-    )
-    shards: dict[int, dict[int, Path]] = {}
-    if local.is_dir():
-        for path in local.glob("node*/v*/rank*"):
-            match = _SHARD.match(path.relative_to(local).as_posix())
-            if match and path.is_dir():
-                shards.setdefault(int(match.group(2)), {})[int(match.group(3))] = path
-    return {"ranks": doc.get("ranks"), "committed": committed, "shards": shards}
+    if doc.get("format") != "hpcpar-checkpoint" or not isinstance(doc.get("ranks"), int):
+        raise CheckpointError(f"{job} is not an hpcpar checkpoint description")
+    return doc
 
 
-def verify(root: Path) -> list[tuple[int, int, str]]:
-    """Check every shard of every committed version: ``(step, rank, problem or "")``."""
-    info = scan(root)
+def scan(root: Path, local_dir: Path | None = None) -> dict[str, Any]:
+    """Rank count, and per level: committed versions and every file found.
+
+    Returns:
+        ``{"ranks": N, "levels": {level: {"committed": [...], "files": {step: [(kind,
+        rank, path)]}}}}`` where kind is ``shard``, ``copy``, ``parity`` or ``h5``.
+
+    Raises:
+        CheckpointError: not an hpcpar checkpoint directory.
+    """
+    doc = _job(root)
+    nodes = Path(local_dir) if local_dir is not None else root / "nodes"
+    levels: dict[str, Any] = {}
+    for level in FILE_LEVELS:
+        markers = root / "commits" / level
+        committed = sorted((int(p.name[1:13]) for p in markers.glob("v*.committed")), reverse=True)
+        base, pattern = (
+            (root / "hdf5", "v*/*") if level == "hdf5" else (nodes, f"node*/{level}/v*/*")
+        )
+        files: dict[int, list[tuple[str, int, Path]]] = {}
+        if base.is_dir():
+            for path in sorted(base.glob(pattern)):
+                match = _FILE.match(path.name)
+                version = re.match(r"^v(\d{12})$", path.parent.name)
+                if not match or not version:
+                    continue
+                kind = {"shard": "shard", "parity": "parity", "h5": "h5"}[match.group(3)]
+                if match.group(1) == "copy-rank":
+                    kind = "copy"
+                files.setdefault(int(version.group(1)), []).append(
+                    (kind, int(match.group(2)), path)
+                )
+        if committed or files:
+            levels[level] = {"committed": committed, "files": files}
+    return {"ranks": doc["ranks"], "levels": levels}
+
+
+def _check(kind: str, step: int, rank: int, path: Path) -> str:
+    try:
+        if kind == "h5":
+            read_h5(path, step, rank)
+        else:
+            decode_shard(read_bytes(path), step, rank, where=str(path))
+    except CheckpointError as exc:
+        return str(exc)
+    return ""
+
+
+def verify(root: Path, local_dir: Path | None = None) -> list[tuple[str, int, int, str, str]]:
+    """Check every file of every committed version.
+
+    Returns:
+        ``(level, step, rank, kind, problem or "")`` per file expected or found; a rank
+        with no own shard (or HDF5 file) at a committed version is reported missing.
+    """
+    info = scan(root, local_dir)
     out = []
-    for step in info["committed"]:
-        for rank in range(int(info["ranks"] or 0)):
-            path = info["shards"].get(step, {}).get(rank)
-            if path is None:
-                out.append((step, rank, "shard missing"))
-                continue
-            try:
-                read_shard(path, step, rank)
-                out.append((step, rank, ""))
-            except CheckpointError as exc:
-                out.append((step, rank, str(exc)))
+    for level, entry in info["levels"].items():
+        own = "h5" if level == "hdf5" else "shard"
+        for step in entry["committed"]:
+            files = entry["files"].get(step, [])
+            have = {r for kind, r, _ in files if kind == own}
+            out += [(level, step, r, own, "missing") for r in range(info["ranks"]) if r not in have]
+            for kind, rank, path in files:
+                out.append((level, step, rank, kind, _check(kind, step, rank, path)))
     return out
+
+
+def describe_state(
+    root: Path, step: int | None, rank: int, level: str | None, local_dir: Path | None = None
+) -> tuple[str, int, list[tuple[str, str, str, int, str]]]:
+    """The entries of one rank's state at a version: name, dtype, shape, bytes, value.
+
+    Args:
+        root: The checkpoint root.
+        step: The version (None: the newest committed one).
+        rank: The rank.
+        level: The level to read (None: the fastest that holds the version).
+        local_dir: Node-local storage, if not ``root/nodes``.
+
+    Returns:
+        ``(level, step, rows)``.
+
+    Raises:
+        CheckpointError: no such version, rank or level, or the file is damaged.
+    """
+    info = scan(root, local_dir)
+    if not 0 <= rank < info["ranks"]:
+        raise CheckpointError(f"rank {rank}: the job had {info['ranks']} ranks")
+    choices = [level] if level else list(info["levels"])
+    for name in choices:
+        entry = info["levels"].get(name)
+        if entry is None or not entry["committed"]:
+            continue
+        version = entry["committed"][0] if step is None else step
+        if version not in entry["committed"]:
+            continue
+        kind = "h5" if name == "hdf5" else "shard"
+        path = next(
+            (p for k, r, p in entry["files"].get(version, []) if k == kind and r == rank), None
+        )
+        if path is None:
+            raise CheckpointError(f"{name}: rank {rank} has no file of version {version}")
+        flat = read_h5(path, version, rank) if kind == "h5" else read_file(path, version, rank)
+        rows = []
+        for key, value in sorted(flat.items()):
+            if isinstance(value, np.ndarray):
+                rows.append((key, value.dtype.str, str(tuple(value.shape)), value.nbytes, ""))
+            else:
+                rows.append((key, type(value).__name__, "", 0, repr(value)[:40]))
+        return name, version, rows
+    what = f"version {step}" if step is not None else "no committed version"
+    raise CheckpointError(f"{root}: {what} at {level or 'any level'}")

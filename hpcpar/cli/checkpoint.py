@@ -1,4 +1,4 @@
-"""``hpcpar checkpoint ls|verify PATH``: versions, shards and checksums of a checkpoint."""
+"""``hpcpar checkpoint ls|verify|inspect|inject PATH``: look at and damage a checkpoint."""
 
 from __future__ import annotations
 
@@ -9,49 +9,122 @@ from .registry import Command, register
 
 __all__: list[str] = []
 
+_EPILOG = """\
+actions:
+  ls       versions per level: committed or not, files per version, bytes
+  verify   every checksum of every committed version (exit 1 if any file is bad)
+  inspect  the state of one rank at one version: keys, dtypes, shapes, sizes, values
+  inject   damage a checkpoint on purpose (to test restores):
+             --fault delete-node --node N
+             --fault flip --level L --step S --rank R [--offset B]
+             --fault truncate-manifest --level L --step S --rank R
+           crashes inside a running job are set with HPCPAR_CHECKPOINT_FAULT, e.g.
+           kill=write,step=3,rank=1 (phases: snapshot, write, before-commit,
+           after-commit) or enospc=local,step=3,rank=1
+"""
+
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "action", choices=("ls", "verify"), help="ls: versions and shards; verify: checksums"
-    )
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _EPILOG
+    parser.add_argument("action", choices=("ls", "verify", "inspect", "inject"))
     parser.add_argument("path", help="the checkpoint directory")
+    parser.add_argument("--local-dir", help="node-local storage, if not PATH/nodes")
+    parser.add_argument("--step", type=int, help="version (inspect: default the newest)")
+    parser.add_argument("--rank", type=int, default=None, help="rank (default 0)")
+    parser.add_argument(
+        "--level",
+        choices=("local", "partner", "xor", "hdf5"),
+        help="level (inspect: default the fastest that has the version)",
+    )
+    parser.add_argument(
+        "--fault", choices=("delete-node", "flip", "truncate-manifest"), help="inject: what"
+    )
+    parser.add_argument("--node", type=int, help="inject delete-node: the node index")
+    parser.add_argument("--offset", type=int, default=-100, help="inject flip: byte offset")
+
+
+def _ls(info: dict[str, Any]) -> None:
+    print(f"written by {info['ranks']} rank(s)")
+    if not info["levels"]:
+        print("no versions")
+    for level, entry in info["levels"].items():
+        print(f"{level}: committed {', '.join(map(str, entry['committed'])) or 'none'}")
+        for step in sorted(set(entry["files"]) | set(entry["committed"]), reverse=True):
+            files = entry["files"].get(step, [])
+            kinds: dict[str, int] = {}
+            for kind, _, _ in files:
+                kinds[kind] = kinds.get(kind, 0) + 1
+            size = sum(p.stat().st_size for _, _, p in files)
+            own = kinds.get("h5" if level == "hdf5" else "shard", 0)
+            extra = "".join(
+                f", {n} {k}" for k, n in sorted(kinds.items()) if k in ("copy", "parity")
+            )
+            state = "committed" if step in entry["committed"] else "not committed"
+            whole = "" if own == info["ranks"] else f" (of {info['ranks']})"
+            print(f"  v{step}: {own} shard(s){whole}{extra}, {size} bytes, {state}")
+
+
+def _inject(root: Any, args: argparse.Namespace) -> str:
+    from ..checkpoint import faults
+    from ..checkpoint.state import CheckpointError
+
+    if args.fault is None:
+        raise CheckpointError("inject needs --fault delete-node|flip|truncate-manifest")
+    if args.fault == "delete-node":
+        if args.node is None:
+            raise CheckpointError("--fault delete-node needs --node N")
+        return f"deleted {faults.delete_node(root, args.node, args.local_dir)}"
+    if args.level is None or args.step is None:
+        raise CheckpointError(f"--fault {args.fault} needs --level, --step and --rank")
+    path = faults.shard_path(root, args.level, args.step, args.rank or 0)
+    if args.fault == "flip":
+        faults.flip_bytes(path, args.offset)
+        return f"flipped a byte of {path} at offset {args.offset}"
+    faults.truncate_manifest(path)
+    return f"truncated the manifest of {path}"
 
 
 def _run(comm: Any, args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..checkpoint.inspect import scan, verify
+    from ..checkpoint.inspect import describe_state, scan, verify
 
     root = Path(args.path)
-    info = scan(root)  # on every rank, so a bad path fails everywhere alike
-    if comm.Get_rank() != 0:
-        return 0 if args.action == "ls" else comm.bcast(None, root=0)
-    if args.action == "ls":
-        print(f"checkpoint {root}: written by {info['ranks']} rank(s)")
-        print(f"committed versions: {', '.join(map(str, info['committed'])) or 'none'}")
-        for step in sorted(info["shards"], reverse=True):
-            ranks = sorted(info["shards"][step])
-            size = sum(f.stat().st_size for r in ranks for f in info["shards"][step][r].iterdir())
-            state = "committed" if step in info["committed"] else "not committed"
-            print(f"  v{step}: {len(ranks)} shard(s), {size} bytes, {state}")
-        return 0
-    results = verify(root)
-    bad = [(s, r, why) for s, r, why in results if why]
-    for step, rank, why in bad:
-        print(f"  v{step} rank {rank}: {why}")
-    print(
-        f"verified {len(results) - len(bad)} of {len(results)} shard(s) of committed versions"
-        + ("" if not bad else f"; {len(bad)} bad"),
-        flush=True,
-    )
-    status = 1 if bad else 0
+    info = scan(root, args.local_dir)  # on every rank, so a bad path fails everywhere alike
+    status = 0
+    if comm.Get_rank() == 0:
+        if args.action == "ls":
+            print(f"checkpoint {root}: ", end="")
+            _ls(info)
+        elif args.action == "inspect":
+            level, step, rows = describe_state(
+                root, args.step, args.rank or 0, args.level, args.local_dir
+            )
+            print(f"checkpoint {root}: version {step}, rank {args.rank or 0}, from {level}")
+            print(f"{'key':30s} {'dtype':>8s} {'shape':>16s} {'bytes':>12s}  value")
+            for key, dtype, shape, nbytes, value in rows:
+                print(f"{key:30s} {dtype:>8s} {shape:>16s} {nbytes:12d}  {value}")
+        elif args.action == "inject":
+            print(_inject(root, args))
+        else:
+            results = verify(root, args.local_dir)
+            bad = [r for r in results if r[4]]
+            for level, step, rank, kind, why in bad:
+                print(f"  {level} v{step} rank {rank} ({kind}): {why}")
+            print(
+                f"verified {len(results) - len(bad)} of {len(results)} file(s) of committed "
+                "versions" + ("" if not bad else f"; {len(bad)} bad"),
+                flush=True,
+            )
+            status = 1 if bad else 0
     return comm.bcast(status, root=0) if comm.Get_size() > 1 else status
 
 
 register(
     Command(
         "checkpoint",
-        "inspect a checkpoint directory: ls (versions, shards) or verify (checksums)",
+        "look at a checkpoint directory (ls, verify, inspect) or damage it (inject)",
         _add_arguments,
         _run,
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hpcpar.checkpoint import Checkpointer, CheckpointError
+from hpcpar.checkpoint import Checkpointer, CheckpointError, faults, young_daly_interval
 
 import hpcpar
 from hpcpar.testing import assert_all, layouts_for
@@ -85,20 +85,43 @@ def test_corruption_and_uncommitted_versions_fall_back(comm, tmp_path):
             ck.save(step, state_of(rank, step)).wait()
     # version 30: flip a byte in the last rank's shard; version 20: drop its commit marker
     if rank == size - 1:
-        files = sorted((root / "local").glob(f"node*/v{30:012d}/rank{rank}/a*.npy"))
-        data = bytearray(files[0].read_bytes())
-        data[-1] ^= 0xFF
-        files[0].write_bytes(bytes(data))
+        faults.flip_bytes(faults.shard_path(root, "local", 30, rank), offset=3)
     comm.Barrier()
     if rank == 0:
-        (root / "local" / f"v{20:012d}.committed").unlink()
+        (root / "commits" / "local" / f"v{20:012d}.committed").unlink()
     comm.Barrier()
     with Checkpointer(root, comm=comm, levels=["local"]) as ck:
         assert_all(ck.versions() == [30, 10], f"versions {ck.versions()}", comm)
         step, got = ck.restore()
         assert_all(step == 10 and same(got, state_of(rank, 10)), f"fell back to {step}", comm)
-        with pytest.raises(CheckpointError, match="no recoverable version 30"):
+        assert_all(ck.restored_from == ["local"] * size, f"{ck.restored_from}", comm)
+        with pytest.raises(CheckpointError, match=r"no recoverable version 30.*checksum"):
             ck.restore(step=30)
+
+
+def test_young_daly_interval():
+    # Young's first-order optimum sqrt(2CM) when C << M; Daly's correction is small there
+    assert young_daly_interval(10.0, 86400.0) == pytest.approx(np.sqrt(2 * 10 * 86400), rel=0.01)
+    c, m = 60.0, 3600.0
+    r = c / (2 * m)
+    assert young_daly_interval(c, m) == pytest.approx(
+        np.sqrt(2 * c * m) * (1 + np.sqrt(r) / 3 + r / 9) - c
+    )
+    assert young_daly_interval(100.0, 40.0) == 40.0  # C >= 2M: checkpoint every MTBF
+    for bad in (0, -1.0, float("nan"), "1"):
+        with pytest.raises(CheckpointError, match="positive number"):
+            young_daly_interval(bad, 10.0)
+
+
+def test_suggest_interval_uses_measured_cost(comm, tmp_path):
+    with Checkpointer(shared_dir(comm, tmp_path) / "yd", comm=comm, levels=["local"]) as ck:
+        with pytest.raises(CheckpointError, match="save once first"):
+            ck.suggest_interval(3600.0)
+        ck.save(1, state_of(comm.Get_rank(), 1)).wait()
+        cost = ck.timings["local"][0]
+        assert ck.suggest_interval(3600.0) == pytest.approx(young_daly_interval(cost, 3600.0))
+        with pytest.raises(CheckpointError, match="not in use"):
+            ck.suggest_interval(3600.0, level="hdf5")
 
 
 def test_bad_input(comm, tmp_path):
@@ -107,9 +130,22 @@ def test_bad_input(comm, tmp_path):
         Checkpointer(root / "a", comm=comm, levels=["tape"])
     with pytest.raises(CheckpointError, match="positive integer"):
         Checkpointer(root / "b", comm=comm, policy={"every": {"local": 0}})
+    with pytest.raises(CheckpointError, match=r"policy.keep.local must be a positive integer"):
+        Checkpointer(root / "b", comm=comm, policy={"keep": {"local": -2}})
+    with pytest.raises(CheckpointError, match="'hdf5' is not one of the levels"):
+        Checkpointer(root / "b", comm=comm, policy={"every": {"hdf5": 5}})
+    with pytest.raises(CheckpointError, match="xor_group must be an integer >= 2"):
+        Checkpointer(root / "b", comm=comm, levels=["xor"], policy={"xor_group": 1})
+    with pytest.raises(CheckpointError, match="distinct"):
+        Checkpointer(root / "b", comm=comm, levels=["local", "local"])
+    if comm.Get_size() == 1:
+        with pytest.raises(CheckpointError, match="partner level needs at least 2 nodes"):
+            Checkpointer(root / "b", comm=comm, levels=["partner"])
     with Checkpointer(root / "c", comm=comm) as ck:
         with pytest.raises(CheckpointError, match=r"'model/opt'.*unsupported type set"):
             ck.save(1, {"model": {"opt": {1, 2}}})
+        with pytest.raises(CheckpointError, match=r"'x'.*arrays of Python objects"):
+            ck.save(1, {"x": np.array([None, 1], dtype=object)})
         with pytest.raises(CheckpointError, match="step must be"):
             ck.save(-1, {})
         with pytest.raises(CheckpointError, match="no recoverable"):

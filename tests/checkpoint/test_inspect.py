@@ -1,27 +1,93 @@
-"""hpcpar checkpoint ls / verify on a real checkpoint directory."""
+"""hpcpar checkpoint ls / verify / inspect / inject on a real checkpoint directory."""
 
 from __future__ import annotations
 
 import numpy as np
-from hpcpar.checkpoint import Checkpointer
+import pytest
+from hpcpar.checkpoint import Checkpointer, faults
+from hpcpar.checkpoint.shard import decode_shard, encode_shard
 
 from hpcpar.cli.main import main
 
 
-def test_ls_and_verify(tmp_path, capsys):
+def test_ls_verify_inspect_inject(tmp_path, capsys):
     root = tmp_path / "ck"
-    with Checkpointer(root, levels=["local"]) as ck:
+    with Checkpointer(root, levels=["local", "hdf5"]) as ck:
         for step in (1, 2):
-            ck.save(step, {"w": np.arange(10.0) * step, "step": step}).wait()
+            ck.save(step, {"w": np.arange(10.0) * step, "step": step, "m": {"k": np.eye(3)}}).wait()
     assert main(["checkpoint", "ls", str(root)]) == 0
     out = capsys.readouterr().out
-    assert "committed versions: 2, 1" in out and "v2: 1 shard(s)" in out
+    assert "local: committed 2, 1" in out and "hdf5: committed 2, 1" in out
+    assert "v2: 1 shard(s)" in out
     assert main(["checkpoint", "verify", str(root)]) == 0
-    assert "verified 2 of 2" in capsys.readouterr().out
-    npy = next(root.glob("local/node0/v000000000002/rank0/*.npy"))
-    npy.write_bytes(npy.read_bytes()[:-3])  # truncate an array file
+    assert "verified 4 of 4" in capsys.readouterr().out
+    assert main(["checkpoint", "inspect", str(root), "--level", "hdf5"]) == 0
+    out = capsys.readouterr().out
+    assert "version 2, rank 0, from hdf5" in out
+    assert "m/k" in out and "(3, 3)" in out and "<f8" in out and "72" in out
+    assert main(["checkpoint", "inject", str(root), "--fault", "truncate-manifest",
+                 "--level", "local", "--step", "2", "--rank", "0"]) == 0  # fmt: skip
+    assert "truncated the manifest" in capsys.readouterr().out
     assert main(["checkpoint", "verify", str(root)]) == 1
     out = capsys.readouterr().out
-    assert "v2 rank 0:" in out and "checksum" in out and "1 bad" in out
+    assert "local v2 rank 0 (shard):" in out and "truncated" in out and "1 bad" in out
+    flip = ["--fault", "flip", "--level", "hdf5", "--step", "1", "--rank", "0", "--offset", "-1"]
+    assert main(["checkpoint", "inject", str(root), *flip]) == 0
+    capsys.readouterr()
+    with Checkpointer(root, levels=["local", "hdf5"]) as ck:
+        step, state = ck.restore()  # local v2 is damaged: HDF5 serves version 2
+        assert step == 2 and ck.restored_from == ["hdf5"]
+        assert np.array_equal(state["w"], np.arange(10.0) * 2)
     assert main(["checkpoint", "ls", str(tmp_path / "nothing")]) == 2
     assert "not an hpcpar checkpoint" in capsys.readouterr().err
+    assert main(["checkpoint", "inject", str(root), "--fault", "delete-node"]) == 2
+    assert "needs --node" in capsys.readouterr().err
+    assert main(["checkpoint", "inspect", str(root), "--step", "7"]) == 2
+    assert "version 7" in capsys.readouterr().err
+
+
+def test_every_truncation_and_flip_is_detected():
+    rng = np.random.default_rng(3)
+    flat = {"a": rng.standard_normal(50), "b/c": np.arange(7, dtype=np.int16), "n": 3, "s": "x"}
+    data = encode_shard(4, 1, flat).join()
+    back = decode_shard(data.copy(), 4, 1)
+    assert back.keys() == flat.keys() and np.array_equal(back["a"], flat["a"])
+    assert back["n"] == 3 and back["s"] == "x" and back["b/c"].dtype == np.int16
+    from hpcpar.checkpoint import CheckpointError
+
+    for cut in range(0, data.size, 7):
+        with pytest.raises(CheckpointError):
+            decode_shard(data[:cut].copy(), 4, 1)
+    # a flipped byte is either caught, or lands in alignment padding and changes nothing
+    for pos in range(data.size):
+        bad = data.copy()
+        bad[pos] ^= 0x5A
+        try:
+            got = decode_shard(bad, 4, 1)
+        except CheckpointError:
+            continue
+        assert all(np.array_equal(got[k], flat[k]) for k in ("a", "b/c"))
+        assert got["n"] == 3 and got["s"] == "x"
+    with pytest.raises(CheckpointError, match="another version"):
+        decode_shard(data.copy(), 5, 1)
+
+
+def test_object_dtypes_in_a_manifest_are_refused(tmp_path):
+    import json
+    import struct
+    import zlib
+
+    from hpcpar.checkpoint import CheckpointError
+
+    entry = {"offset": 0, "nbytes": 8, "dtype": "|O", "shape": [1], "sha256": ""}
+    doc = {"format": "hpcpar-shard", "step": 1, "rank": 0, "entries": {"x": entry}}
+    manifest = json.dumps(doc).encode()
+    data = b"\0" * 8 + manifest + struct.pack("<8sQI4x", b"HPCPARS1", len(manifest),
+                                              zlib.crc32(manifest))  # fmt: skip
+    with pytest.raises(CheckpointError, match="Python objects"):
+        decode_shard(np.frombuffer(data, np.uint8).copy(), 1, 0)
+    assert faults.parse_fault(None) is None
+    with pytest.raises(CheckpointError, match="unknown phase"):
+        faults.parse_fault("kill=later")
+    with pytest.raises(CheckpointError, match="bad entry"):
+        faults.parse_fault("explode=1")

@@ -3,45 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from launching import clean_env, hpcpar, launch
 
 from hpcpar.cli.main import main
-
-JOB_TIMEOUT = 60
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment minus any process-manager variables of the test process itself."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "HPCPAR_"))
-    }
-    env.update(extra)
-    return env
-
-
-def hpcpar(*args: str, env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT):
-    return subprocess.run(
-        [sys.executable, "-m", "hpcpar", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env or clean_env(),
-    )
-
-
-def launch(ranks: int, *command: str, layout: str | None = None, env=None):
-    extra = ["--layout", layout] if layout else []
-    return hpcpar(
-        "launch", "-n", str(ranks), "--timeout", str(JOB_TIMEOUT), *extra, "--", *command, env=env
-    )
 
 
 def error_lines(stderr: str) -> list[str]:

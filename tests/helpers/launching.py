@@ -1,0 +1,39 @@
+"""Starting real jobs from tests: ``python -m hpcpar ...`` with a clean environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+JOB_TIMEOUT = 60
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment minus any process-manager variables of the test process itself."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "HPCPAR_"))
+    }
+    env.update(extra)
+    return env
+
+
+def hpcpar(*args: str, env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT):
+    """Run ``python -m hpcpar ARGS``; the completed process."""
+    return subprocess.run(
+        [sys.executable, "-m", "hpcpar", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or clean_env(),
+    )
+
+
+def launch(ranks: int, *command: str, layout: str | None = None, env=None):
+    """``hpcpar launch -n RANKS [--layout L] -- COMMAND``; the completed process."""
+    extra = ["--layout", layout] if layout else []
+    return hpcpar(
+        "launch", "-n", str(ranks), "--timeout", str(JOB_TIMEOUT), *extra, "--", *command, env=env
+    )
