@@ -14,6 +14,7 @@ BUILTIN_MODULES = (
     "hpcpar.bench.allreduce_mpi",
     "hpcpar.bench.collectives",
     "hpcpar.bench.datatypes",
+    "hpcpar.bench.checkpoint",
 )
 
 

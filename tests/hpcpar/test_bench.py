@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,3 +118,26 @@ def test_allreduce_mpi_benchmark_end_to_end(comm, tmp_path, capsys):
         assert all(r["valid"] for r in rows)
         assert doc["metadata"]["ranks"] == comm.Get_size()
         assert open(prefix + ".csv").readline().startswith("size,variant,avg_us")
+
+
+@pytest.mark.mpi
+def test_checkpoint_benchmark_end_to_end(comm, tmp_path, capsys):
+    folder = comm.bcast(str(tmp_path), root=0)
+    layout = "ppn:1" if comm.Get_size() > 1 else None
+    args = ["bench", "checkpoint", "--min-size", "1MiB", "--max-size", "1MiB", "--repeats", "1"]
+    args += ["--warmup", "0", "--dir", folder, "--output", f"{folder}/ck"]
+    status = main(args + (["--layout", layout] if layout else []))
+    assert_all(status == 0, "benchmark failed", comm)
+    if comm.Get_rank() == 0:
+        out = capsys.readouterr().out
+        assert out.startswith("# hpcpar bench checkpoint")
+        rows = json.loads(open(f"{folder}/ck.json").read())["results"]
+        names = {r["variant"] for r in rows}
+        expect = {"dd-roof", "np.save+fsync", "h5py-sync", "hpcpar-stall", "hpcpar-flush"}
+        expect |= {"restore-local", "restore-hdf5", "compute+flush", "hpcpar-stall-lazy"}
+        if layout:
+            expect |= {"restore-partner", "restore-xor"}
+        assert names == expect and all(r["valid"] for r in rows)
+        assert all(r["median_s"] > 0 for r in rows)
+    leftovers = [p.name for p in Path(folder).iterdir() if p.name.startswith("hpcpar-bench-ckpt")]
+    assert not leftovers

@@ -1,0 +1,346 @@
+"""``hpcpar bench checkpoint``: the caller's stall, flush speed and restore time per level.
+
+For each state size (the job's total, split evenly over the ranks as four float32
+arrays), in the same run:
+
+- ``dd-roof``: ``dd if=/dev/zero bs=4M conv=fsync`` of each rank's share, all ranks at
+  once, into the benchmark directory (dd's own time): the disk's speed for this pattern.
+- ``np.save+fsync`` and ``h5py-sync``: a synchronous save of the same state (the peers).
+- ``hpcpar-stall`` / ``hpcpar-stall-lazy``: the time ``Checkpointer.save()`` blocks the
+  caller (memory snapshot; with ``lazy=True`` no copy at all in the caller's time).
+- ``hpcpar-flush``: save to commit at the local level (snapshot + checksums + write +
+  fsync + collective commit), as GB/s; the ratio is against ``dd-roof``.
+- ``compute+flush``: a compute loop's time while a flush runs behind it, over its time
+  alone (1.00 = no slowdown).
+- ``restore-<level>``: ``restore()`` from one level; partner and xor rebuild node 0's
+  ranks after its directory is deleted (needs 2+ virtual nodes: ``--layout ppn:1``).
+  Page-cache pages of the files are dropped first (``posix_fadvise DONTNEED``), so reads
+  come from the disk.
+
+Times are the median over ``--repeats`` of the slowest rank; ``spread`` is the
+interquartile range over the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .harness import format_size, parse_size, size_range
+from .registry import Benchmark, register
+
+__all__: list[str] = []
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(min_size="64MiB", max_size="256MiB", repeats=3, warmup=2)
+    parser.add_argument(
+        "--dir",
+        default=".",
+        help="where to write (a temporary folder is made and removed there; default .)",
+    )
+    parser.add_argument(
+        "--warm-cache",
+        action="store_true",
+        help="restore from the page cache (default: drop the files' cached pages first)",
+    )
+
+
+def _state(nbytes: int, rank: int) -> dict[str, Any]:
+    rng = np.random.default_rng(rank)
+    quarter = max(1, nbytes // 16)
+    return {f"layer{i}": {"w": rng.random(quarter, dtype=np.float32)} for i in range(4)}
+
+
+def _drop_cache(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _slowest(comm: Any, op: Callable[[], Any]) -> float:
+    """The slowest rank's time of ``op`` (an op may return its own, better-measured time)."""
+    comm.Barrier()
+    start = time.perf_counter()
+    own = op()
+    mine = own if isinstance(own, float) else time.perf_counter() - start
+    return comm.allreduce(mine, op=_max())
+
+
+def _max() -> Any:
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def _npy_save(folder: Path, state: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, layer in state.items():
+        with open(folder / f"{name}.npy", "wb") as handle:
+            np.save(handle, layer["w"], allow_pickle=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def _h5_save(path: Path, state: dict[str, Any]) -> None:
+    import h5py
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w") as f:
+        for name, layer in state.items():
+            f.create_dataset(f"{name}/w", data=layer["w"])
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def _dd(path: Path, nbytes: int) -> float:
+    """The time dd itself reports for writing ``nbytes`` with fsync (no start-up in it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = max(1, nbytes >> 22)
+    done = subprocess.run(
+        ["dd", "if=/dev/zero", f"of={path}", "bs=4M", f"count={count}", "conv=fsync"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    path.unlink()
+    match = re.search(r"copied, ([0-9.]+) s", done.stderr)
+    if match is None:
+        raise RuntimeError(f"cannot read dd's time from: {done.stderr.strip()}")
+    return float(match.group(1))
+
+
+def _compute(a: np.ndarray, rounds: int) -> None:
+    for _ in range(rounds):
+        np.sin(a, out=a)
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(np.array_equal(a[k]["w"], b[k]["w"]) for k in a)
+
+
+class _Row:
+    """One figure: a (size, variant) pair with its median, spread and ratio."""
+
+    def __init__(self, size: int, variant: str, times: list[float], **extra: Any) -> None:
+        q1, med, q3 = np.percentile(times, [25, 50, 75]) if times else (0, 0, 0)
+        self.size, self.variant, self.valid = size, variant, extra.pop("valid", True)
+        self.doc = {
+            "size": size,
+            "variant": variant,
+            "median_s": float(med),
+            "min_s": float(min(times)) if times else 0.0,
+            "max_s": float(max(times)) if times else 0.0,
+            "spread_pct": float(100 * (q3 - q1) / med) if med else 0.0,
+            "repeats": len(times),
+            "valid": self.valid,
+            **extra,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.doc
+
+
+class _Bench:
+    """One run: the job, its scratch folder, and the rows printed so far."""
+
+    def __init__(self, comm: Any, args: argparse.Namespace, work: Path, h: Any) -> None:
+        self.comm, self.args, self.work, self.h = comm, args, work, h
+        self.rank = comm.Get_rank()
+        self.rows: list[_Row] = []
+
+    def say(self, *text: Any, **kw: Any) -> None:
+        if self.rank == 0:
+            print(*text, **kw)
+
+    def emit(self, row: _Row, total: int, ratio: float | None, against: str) -> None:
+        med = row.doc["median_s"]
+        row.doc["gbps"] = total / med / 1e9 if med and total else None
+        row.doc["ratio"], row.doc["ratio_against"] = ratio, against
+        rate = f"{row.doc['gbps']:7.2f}" if row.doc["gbps"] else f"{'-':>7s}"
+        ratio_text = f"{ratio:.3f} vs {against}" if ratio is not None else ""
+        self.say(
+            f"  {format_size(row.size):>8s} {row.variant:18s} {med:9.4f} {row.doc['min_s']:9.4f} "
+            f"{row.doc['max_s']:9.4f} {row.doc['spread_pct']:7.1f} {rate}  {ratio_text}",
+            flush=True,
+        )
+        self.rows.append(row)
+
+    def timed(self, op: Callable[[], Any], warmup: int | None = None) -> list[float]:
+        """The slowest rank's time of ``op``, per repeat after the warmup calls."""
+        skip = self.args.warmup if warmup is None else warmup
+        out = [_slowest(self.comm, op) for _ in range(skip + self.args.repeats)]
+        return out[skip:]
+
+    def peers(self, total: int, share: int, state: dict[str, Any]) -> tuple[float, float]:
+        """dd, np.save and h5py rows; returns (dd median, h5py median)."""
+        rank, work = self.rank, self.work
+        ops = {
+            "dd-roof": lambda: _dd(work / f"dd{rank}", share),
+            "np.save+fsync": lambda: _npy_save(work / "npy" / f"r{rank}", state),
+            "h5py-sync": lambda: _h5_save(work / "h5" / f"r{rank}.h5", state),
+        }
+        roof = 0.0
+        for name, op in ops.items():
+            row = _Row(total, name, self.timed(op, warmup=0 if name == "dd-roof" else None))
+            if name == "dd-roof":
+                roof = row.doc["median_s"]
+            ratio = None if name == "dd-roof" else roof / row.doc["median_s"]
+            self.emit(row, total, ratio, "dd-roof (GB/s ratio)")
+        return roof, row.doc["median_s"]
+
+    def saves(self, total: int, state: dict[str, Any], roof: float, h5_time: float) -> None:
+        """Stall (eager and lazy), flush to commit, compute slowdown."""
+        from hpcpar.checkpoint import Checkpointer
+
+        comm, args = self.comm, self.args
+        folder = self.work / "ck"
+        stall, lazy, flush, alone, behind = [], [], [], [], []
+        with Checkpointer(folder, comm=self.h, levels=["memory", "local"]) as ck:
+            for i in range(args.warmup + args.repeats):
+                for mode, out in ((False, stall), (True, lazy)):
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    handle = ck.save(2 * i + mode, state, lazy=mode)
+                    t1 = time.perf_counter()
+                    handle.wait()
+                    t2 = time.perf_counter()
+                    if i >= args.warmup:
+                        out.append(comm.allreduce(t1 - t0, op=_max()))
+                        if not mode:
+                            flush.append(comm.allreduce(t2 - t0, op=_max()))
+            a = np.random.default_rng(self.rank).random(1 << 20)
+            rounds = [1]
+
+            def compute() -> None:
+                _compute(a, rounds[0])
+
+            while _slowest(comm, compute) < 0.2 and rounds[0] < 1 << 12:
+                rounds[0] *= 2
+            for i in range(args.repeats):
+                alone.append(_slowest(comm, compute))
+                comm.Barrier()
+                handle = ck.save(1000 + i, state)
+                behind.append(_slowest(comm, compute))
+                handle.wait()
+            _, back = ck.restore()
+            ok = bool(comm.allreduce(_same(state, back), op=_land()))
+        for name, times in (("hpcpar-stall", stall), ("hpcpar-stall-lazy", lazy)):
+            row = _Row(total, name, times, valid=ok)
+            self.emit(row, 0, row.doc["median_s"] / h5_time, "h5py-sync")
+        row = _Row(total, "hpcpar-flush", flush, valid=ok)
+        self.emit(row, total, roof / row.doc["median_s"], "dd-roof (GB/s ratio)")
+        slow = float(np.median(behind) / np.median(alone))
+        self.emit(_Row(total, "compute+flush", behind), 0, slow, "compute alone")
+        comm.Barrier()
+        if self.rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def restores(self, total: int, state: dict[str, Any]) -> None:
+        """Restore time per level (partner and xor rebuild a deleted node 0)."""
+        from hpcpar.checkpoint import Checkpointer, faults
+
+        comm, h, rank = self.comm, self.h, self.rank
+        multi = h.n_nodes >= 2
+        levels = ["local", "partner", "xor", "hdf5"] if multi else ["local", "hdf5"]
+        order = ["local", "hdf5"] + (["partner", "xor"] if multi else [])
+        times: dict[str, list[float]] = {n: [] for n in order}
+        valid = dict.fromkeys(order, True)
+        for i in range(self.args.repeats):
+            folder = self.work / f"rs{i}"
+            with Checkpointer(folder, comm=h, levels=levels) as ck:
+                ck.save(1, state).wait()
+            for level in order:
+                if level == "partner" and rank == 0:
+                    faults.delete_node(folder, 0)
+                if not self.args.warm_cache:
+                    _drop_cache(folder)
+                with Checkpointer(folder, comm=h, levels=[level]) as ck:
+                    got: dict[str, Any] = {}
+
+                    def load(ck: Any = ck, got: dict[str, Any] = got) -> None:
+                        got["state"] = ck.restore()[1]
+
+                    times[level].append(_slowest(comm, load))
+                    served = ck.restored_from[rank]
+                    rebuilt = level in ("local", "hdf5") or h.node_index != 0 or served == level
+                    good = _same(state, got["state"]) and rebuilt
+                    valid[level] = valid[level] and bool(comm.allreduce(good, op=_land()))
+            comm.Barrier()
+            if rank == 0:
+                shutil.rmtree(folder, ignore_errors=True)
+        local_time = float(np.median(times["local"]))
+        for level in order:
+            row = _Row(total, f"restore-{level}", times[level], valid=valid[level])
+            self.emit(row, total, row.doc["median_s"] / local_time, "restore-local")
+
+
+def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
+    from ..errors import UsageError
+    from ..runtime.results import mpi_library
+    from ..topology import Hierarchy
+
+    if args.repeats < 1:
+        raise UsageError(f"bench checkpoint: --repeats must be at least 1, not {args.repeats}")
+    base = Path(args.dir)
+    if not base.is_dir():
+        raise UsageError(f"bench checkpoint: --dir {base} is not a directory")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    sizes = size_range(parse_size(args.min_size), parse_size(args.max_size))
+    top = comm.bcast(tempfile.mkdtemp(prefix="hpcpar-bench-ckpt-", dir=base) if rank == 0 else None)
+    h = Hierarchy(comm, layout=args.layout)
+    bench = _Bench(comm, args, Path(top), h)
+    bench.say(
+        f"# hpcpar bench checkpoint: {size} rank(s) on {h.n_nodes} node(s) "
+        f"(layout {args.layout or 'real'}); {mpi_library()}; dir {base.resolve()}; "
+        f"{args.repeats} repeats, median of the slowest rank; "
+        f"{'warm' if args.warm_cache else 'cold'} page cache for restores"
+    )
+    bench.say(f"# {'size':>8s} {'variant':18s} {'median_s':>9s} {'min_s':>9s} {'max_s':>9s} "
+              f"{'spread%':>7s} {'GB/s':>7s}  ratio")  # fmt: skip
+    try:
+        for nominal in sizes:
+            share = nominal // size
+            state = _state(share, rank)
+            total = comm.allreduce(sum(v["w"].nbytes for v in state.values()))
+            roof, h5_time = bench.peers(total, share, state)
+            bench.saves(total, state, roof, h5_time)
+            bench.restores(total, state)
+            del state
+    finally:
+        comm.Barrier()
+        if rank == 0:
+            shutil.rmtree(top, ignore_errors=True)
+        h.free()
+    return bench.rows
+
+
+def _land() -> Any:
+    from mpi4py import MPI
+
+    return MPI.LAND
+
+
+register(
+    Benchmark(
+        "checkpoint",
+        "checkpoint stall, flush GB/s and restore time per level vs np.save, h5py and dd",
+        _add_arguments,
+        _run,
+        peer="h5py-sync",
+    )
+)
