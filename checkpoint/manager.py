@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .faults import Fault, disarm, parse_fault
+from .gpu import device_to_host, is_device_array, pinned_empty
 from .levels import Hdf5Level, Job, Level, LocalLevel, PartnerLevel, XorLevel
 from .policy import LEVELS, check_levels, parse_policy, young_daly_interval
 from .shard import encode_shard, write_atomic
@@ -74,16 +75,26 @@ class _Buffers:
         spare = self.sets[self.turn]
         self.turn ^= 1
         out: dict[str, Any] = {}
-        arrays = [k for k, v in flat.items() if isinstance(v, np.ndarray)]
+        arrays = {
+            k: i
+            for i, k in enumerate(
+                k for k, v in flat.items() if isinstance(v, np.ndarray) or is_device_array(v)
+            )
+        }
         half = len(arrays) // 2
         for name, value in flat.items():
-            if isinstance(value, np.ndarray):
+            if name in arrays:
+                device = is_device_array(value)
                 buf = spare.get(name)
                 if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
-                    buf = spare[name] = np.empty(value.shape, value.dtype)
-                np.copyto(buf, value)
+                    make = pinned_empty if device else np.empty
+                    buf = spare[name] = make(value.shape, value.dtype)
+                if device:
+                    device_to_host(value, buf)
+                else:
+                    np.copyto(buf, value)
                 out[name] = buf
-                if fault is not None and arrays.index(name) + 1 == max(half, 1):
+                if fault is not None and arrays[name] + 1 == max(half, 1):
                     fault.point("snapshot", step, rank)
             else:
                 out[name] = value

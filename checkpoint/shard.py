@@ -117,7 +117,7 @@ class EncodedShard:
         """The file's bytes as one uint8 array, zero-padded to ``length``."""
         out = np.zeros(max(length or 0, self.nbytes), dtype=np.uint8)
         pos = 0
-        for seg in [*self.body, self.tail()]:
+        for seg in _segments(self):
             view = np.frombuffer(memoryview(seg).cast("B"), dtype=np.uint8)
             out[pos : pos + view.size] = view
             pos += view.size
@@ -227,7 +227,7 @@ def write_file(path: Path, shard: EncodedShard) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             check_write(path)
-            for seg in [*shard.body, shard.tail()]:
+            for seg in _segments(shard):  # the tail (which waits for the hashes) last
                 view = memoryview(seg).cast("B")
                 for start in range(0, max(len(view), 1), _CHUNK):
                     piece = view[start : start + _CHUNK]
@@ -247,6 +247,11 @@ def write_file(path: Path, shard: EncodedShard) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def _segments(shard: EncodedShard) -> Any:
+    yield from shard.body
+    yield shard.tail()
 
 
 def read_file(path: Path, step: int, rank: int) -> dict[str, Any]:

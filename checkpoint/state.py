@@ -1,8 +1,8 @@
 """Checkpoint state: nested dicts of arrays, numbers and strings, flattened to named leaves.
 
-Arrays become ``.npy`` files (read back with ``allow_pickle=False``); numbers, strings,
-booleans and None go into the JSON manifest. Nothing else is accepted, so loading a
-checkpoint never executes code.
+Arrays (numpy, or cupy: restored as numpy) become raw bytes in a shard with their dtype
+and shape in its JSON manifest, as do numbers, strings, booleans and None. Nothing else
+is accepted, so loading a checkpoint never executes code.
 """
 
 from __future__ import annotations
@@ -41,12 +41,11 @@ def flatten_state(state: Any, prefix: str = "") -> dict[str, Any]:
         if isinstance(value, dict):
             out.update(flatten_state(value, name + SEPARATOR))
         elif isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__"):
-            array = value if isinstance(value, np.ndarray) else _to_host(value)
-            if array.dtype.hasobject:
+            if np.dtype(value.dtype).hasobject:
                 raise CheckpointError(
                     f"state key {name!r}: arrays of Python objects are not checkpointed"
                 )
-            out[name] = array
+            out[name] = value  # device arrays are copied to pinned host memory later
         elif isinstance(value, (bool, int, float, str)) or value is None:
             out[name] = value
         elif isinstance(value, np.generic):
@@ -57,12 +56,6 @@ def flatten_state(state: Any, prefix: str = "") -> dict[str, Any]:
                 "(use dicts of arrays, numbers, strings, booleans or None)"
             )
     return out
-
-
-def _to_host(value: Any) -> np.ndarray:
-    import cupy
-
-    return cupy.asnumpy(value)
 
 
 def unflatten_state(flat: dict[str, Any]) -> dict[str, Any]:

@@ -186,69 +186,92 @@ class _Bench:
         out = [_slowest(self.comm, op) for _ in range(skip + self.args.repeats)]
         return out[skip:]
 
-    def peers(self, total: int, share: int, state: dict[str, Any]) -> tuple[float, float]:
-        """dd, np.save and h5py rows; returns (dd median, h5py median)."""
-        rank, work = self.rank, self.work
-        ops = {
-            "dd-roof": lambda: _dd(work / f"dd{rank}", share),
-            "np.save+fsync": lambda: _npy_save(work / "npy" / f"r{rank}", state),
-            "h5py-sync": lambda: _h5_save(work / "h5" / f"r{rank}.h5", state),
-        }
-        roof = 0.0
-        for name, op in ops.items():
-            row = _Row(total, name, self.timed(op, warmup=0 if name == "dd-roof" else None))
-            if name == "dd-roof":
-                roof = row.doc["median_s"]
-            ratio = None if name == "dd-roof" else roof / row.doc["median_s"]
-            self.emit(row, total, ratio, "dd-roof (GB/s ratio)")
-        return roof, row.doc["median_s"]
+    def writes(self, total: int, share: int, state: dict[str, Any]) -> None:
+        """dd, np.save, h5py and hpcpar saves, interleaved in a rotating order per repeat.
 
-    def saves(self, total: int, state: dict[str, Any], roof: float, h5_time: float) -> None:
-        """Stall (eager and lazy), flush to commit, compute slowdown."""
+        The disks of shared machines speed up and slow down (burst credits, other
+        tenants' writeback), so every variant is measured in every repeat, each repeat
+        starting with a different one.
+        """
         from hpcpar.checkpoint import Checkpointer
 
-        comm, args = self.comm, self.args
-        folder = self.work / "ck"
-        stall, lazy, flush, alone, behind = [], [], [], [], []
+        comm, args, rank, work = self.comm, self.args, self.rank, self.work
+        folder = work / "ck"
+        times: dict[str, list[float]] = {}
         with Checkpointer(folder, comm=self.h, levels=["memory", "local"]) as ck:
-            for i in range(args.warmup + args.repeats):
-                for mode, out in ((False, stall), (True, lazy)):
-                    comm.Barrier()
-                    t0 = time.perf_counter()
-                    handle = ck.save(2 * i + mode, state, lazy=mode)
-                    t1 = time.perf_counter()
-                    handle.wait()
-                    t2 = time.perf_counter()
-                    if i >= args.warmup:
-                        out.append(comm.allreduce(t1 - t0, op=_max()))
-                        if not mode:
-                            flush.append(comm.allreduce(t2 - t0, op=_max()))
-            a = np.random.default_rng(self.rank).random(1 << 20)
-            rounds = [1]
+            version = [0]
 
-            def compute() -> None:
-                _compute(a, rounds[0])
-
-            while _slowest(comm, compute) < 0.2 and rounds[0] < 1 << 12:
-                rounds[0] *= 2
-            for i in range(args.repeats):
-                alone.append(_slowest(comm, compute))
+            def save(lazy: bool) -> tuple[float, float]:
+                version[0] += 1
                 comm.Barrier()
-                handle = ck.save(1000 + i, state)
-                behind.append(_slowest(comm, compute))
+                t0 = time.perf_counter()
+                handle = ck.save(version[0], state, lazy=lazy)
+                t1 = time.perf_counter()
                 handle.wait()
+                t2 = time.perf_counter()
+                return comm.allreduce(t1 - t0, op=_max()), comm.allreduce(t2 - t0, op=_max())
+
+            ops: dict[str, Callable[[], Any]] = {
+                "dd-roof": lambda: _slowest(comm, lambda: _dd(work / f"dd{rank}", share)),
+                "np.save+fsync": lambda: _slowest(
+                    comm, lambda: _npy_save(work / "npy" / f"r{rank}", state)
+                ),
+                "h5py-sync": lambda: _slowest(
+                    comm, lambda: _h5_save(work / "h5" / f"r{rank}.h5", state)
+                ),
+                "hpcpar": lambda: save(False),
+                "hpcpar-lazy": lambda: save(True),
+            }
+            names = list(ops)
+            for r in range(args.warmup + args.repeats):
+                shift = r % len(names)
+                for name in names[shift:] + names[:shift]:
+                    got = ops[name]()
+                    if r < args.warmup:
+                        continue
+                    if name == "hpcpar":
+                        times.setdefault("hpcpar-stall", []).append(got[0])
+                        times.setdefault("hpcpar-flush", []).append(got[1])
+                    elif name == "hpcpar-lazy":
+                        times.setdefault("hpcpar-stall-lazy", []).append(got[0])
+                    else:
+                        times.setdefault(name, []).append(got)
             _, back = ck.restore()
             ok = bool(comm.allreduce(_same(state, back), op=_land()))
-        for name, times in (("hpcpar-stall", stall), ("hpcpar-stall-lazy", lazy)):
-            row = _Row(total, name, times, valid=ok)
+            self.compute_slowdown(total, ck, state)
+        roof = float(np.median(times["dd-roof"]))
+        h5_time = float(np.median(times["h5py-sync"]))
+        for name in ("dd-roof", "np.save+fsync", "h5py-sync", "hpcpar-flush"):
+            row = _Row(total, name, times[name], valid=ok or name != "hpcpar-flush")
+            ratio = None if name == "dd-roof" else roof / row.doc["median_s"]
+            self.emit(row, total, ratio, "dd-roof (GB/s ratio)")
+        for name in ("hpcpar-stall", "hpcpar-stall-lazy"):
+            row = _Row(total, name, times[name], valid=ok)
             self.emit(row, 0, row.doc["median_s"] / h5_time, "h5py-sync")
-        row = _Row(total, "hpcpar-flush", flush, valid=ok)
-        self.emit(row, total, roof / row.doc["median_s"], "dd-roof (GB/s ratio)")
+        comm.Barrier()
+        if rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def compute_slowdown(self, total: int, ck: Any, state: dict[str, Any]) -> None:
+        """A compute loop's time with a flush behind it, over its time alone."""
+        comm = self.comm
+        a = np.random.default_rng(self.rank).random(1 << 20)
+        rounds = [1]
+
+        def compute() -> None:
+            _compute(a, rounds[0])
+
+        while _slowest(comm, compute) < 0.2 and rounds[0] < 1 << 12:
+            rounds[0] *= 2
+        alone, behind = [], []
+        for i in range(self.args.repeats):
+            alone.append(_slowest(comm, compute))
+            comm.Barrier()
+            handle = ck.save(10_000 + i, state)
+            behind.append(_slowest(comm, compute))
+            handle.wait()
         slow = float(np.median(behind) / np.median(alone))
         self.emit(_Row(total, "compute+flush", behind), 0, slow, "compute alone")
-        comm.Barrier()
-        if self.rank == 0:
-            shutil.rmtree(folder, ignore_errors=True)
 
     def restores(self, total: int, state: dict[str, Any]) -> None:
         """Restore time per level (partner and xor rebuild a deleted node 0)."""
@@ -317,8 +340,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
             share = nominal // size
             state = _state(share, rank)
             total = comm.allreduce(sum(v["w"].nbytes for v in state.values()))
-            roof, h5_time = bench.peers(total, share, state)
-            bench.saves(total, state, roof, h5_time)
+            bench.writes(total, share, state)
             bench.restores(total, state)
             del state
     finally:
