@@ -222,18 +222,40 @@ class Checkpointer:
             snapshot.set_result(self._buffers.copy(flat, self.fault, step, self.rank))
         self._saves += 1
         due = [lv for lv in self.levels if (self._saves - 1) % self.every[lv.name] == 0]
-        self._last = self._pool.submit(self._flush, step, snapshot, due)
-        return SaveHandle(snapshot, self._last)
+        committed: Future[Any] = Future()
+        self._last = self._pool.submit(self._flush, step, snapshot, due, committed)
+        return SaveHandle(snapshot, committed)
 
-    def _flush(self, step: int, snapshot: Future[Any], due: list[Level]) -> None:
+    def _flush(
+        self, step: int, snapshot: Future[Any], due: list[Level], committed: Future[Any]
+    ) -> None:
+        """Commit ``step`` at the due levels, tell the handle, then prune old versions."""
+        try:
+            done, failed = self._commit(step, snapshot, due)
+        except BaseException as exc:
+            committed.set_exception(exc)
+            raise
+        if failed:
+            committed.set_exception(
+                CheckpointError(f"version {step} not committed at " + " | ".join(failed))
+            )
+        else:
+            committed.set_result(None)
+        for level in done:  # after the handle is told: pruning is not the caller's wait
+            self._prune(level)
+
+    def _commit(
+        self, step: int, snapshot: Future[Any], due: list[Level]
+    ) -> tuple[list[Level], list[str]]:
         copy = snapshot.result()
         if self.memory:
             self._snapshot = (step, copy)
         if not due:
-            return
+            return [], []
         shard = encode_shard(step, self.rank, copy)
         written: dict[str, Path] = {}
         failed: list[str] = []
+        done: list[Level] = []
         for level in due:
             start = time.perf_counter()
             if self.fault is not None:
@@ -256,9 +278,8 @@ class Checkpointer:
             self.timings[level.name].append(time.perf_counter() - start)
             if self.fault is not None:
                 self.fault.point("after-commit", step, self.rank, level.name)
-            self._prune(level)
-        if failed:
-            raise CheckpointError(f"version {step} not committed at " + " | ".join(failed))
+            done.append(level)
+        return done, failed
 
     def _prune(self, level: Level) -> None:
         # rank 0's listing for all: another rank listing while rank 0 unlinks would see less

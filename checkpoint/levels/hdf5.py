@@ -1,16 +1,16 @@
 """The HDF5 level: the parallel-file-system copy, readable by any HDF5 tool.
 
 h5py here is built without MPI, so each rank writes ``hdf5/v<step>/rank<R>.h5`` (arrays as
-chunked datasets with Fletcher-32 checksums and a SHA-256 attribute, values as JSON in an
+chunked datasets with Fletcher-32 checksums and a CRC-32 attribute, values as JSON in an
 attribute) and rank 0 writes ``index.h5`` with an external link per rank, so one file
 opens the whole version. Files are written under a temporary name, fsynced and renamed.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,10 @@ from .base import Level
 __all__ = ["Hdf5Level", "write_h5", "read_h5"]
 
 _VALUES = "hpcpar_values"
+
+
+def _crc(array: np.ndarray) -> str:
+    return f"{zlib.crc32(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))):08x}"
 
 
 def write_h5(path: Path, step: int, rank: int, flat: dict[str, Any]) -> None:
@@ -55,9 +59,7 @@ def write_h5(path: Path, step: int, rank: int, flat: dict[str, Any]) -> None:
                     ds = f.create_dataset(name, data=array.reshape(-1).view(np.uint8))
                     ds.attrs["hpcpar_dtype"] = array.dtype.str
                     ds.attrs["hpcpar_shape"] = list(array.shape)
-                ds.attrs["sha256"] = hashlib.sha256(
-                    memoryview(array.reshape(-1).view(np.uint8))
-                ).hexdigest()
+                ds.attrs["crc32"] = _crc(array)
             f.attrs[_VALUES] = json.dumps(values)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
@@ -72,7 +74,7 @@ def read_h5(path: Path, step: int, rank: int) -> dict[str, Any]:
     """Read and verify one rank's HDF5 file.
 
     Raises:
-        CheckpointError: missing, truncated or corrupted (Fletcher-32 or SHA-256).
+        CheckpointError: missing, truncated or corrupted (Fletcher-32 or CRC-32).
     """
     import h5py
 
@@ -99,7 +101,7 @@ def read_h5(path: Path, step: int, rank: int) -> dict[str, Any]:
                     array = array.view(dtype).reshape([int(x) for x in ds.attrs["hpcpar_shape"]])
                 array = np.asarray(array)
                 raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-                if hashlib.sha256(memoryview(raw)).hexdigest() != ds.attrs.get("sha256"):
+                if _crc(raw) != ds.attrs.get("crc32"):
                     raise CheckpointError(f"{path}: checksum of {name!r} does not match")
                 flat[name] = array
     except CheckpointError:

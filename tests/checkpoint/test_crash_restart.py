@@ -82,3 +82,25 @@ def test_killed_job_resumes_and_matches(tmp_path, phase, ranks, layout, levels, 
     final = np.load(out)
     np.testing.assert_array_equal(final, uninterrupted(tmp_path, ranks, layout, levels))
     np.testing.assert_allclose(final, reference(ranks), rtol=1e-12, atol=1e-14)
+
+
+EXIT_JOB = """
+import sys, numpy as np, hpcpar
+from hpcpar.checkpoint import Checkpointer
+comm = hpcpar.default_comm()
+ck = Checkpointer(sys.argv[1], comm=hpcpar.Hierarchy(comm, layout="ppn:1"),
+                  levels=["local", "partner"])
+ck.save(7, {"x": np.full(1 << 20, comm.Get_rank(), dtype=np.int32)})
+# no wait(), no close(): the interpreter's exit must finish the flush in flight
+"""
+
+
+def test_exit_without_close_finishes_the_flush(tmp_path):
+    from hpcpar.checkpoint.inspect import verify
+
+    root = tmp_path / "ck"
+    done = launch(2, sys.executable, "-c", EXIT_JOB, str(root))
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = verify(root)
+    assert {(level, step) for level, step, *_ in results} == {("local", 7), ("partner", 7)}
+    assert all(not problem for *_, problem in results), results

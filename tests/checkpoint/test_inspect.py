@@ -79,7 +79,7 @@ def test_object_dtypes_in_a_manifest_are_refused(tmp_path):
 
     from hpcpar.checkpoint import CheckpointError
 
-    entry = {"offset": 0, "nbytes": 8, "dtype": "|O", "shape": [1], "sha256": ""}
+    entry = {"offset": 0, "nbytes": 8, "dtype": "|O", "shape": [1], "crc32": ""}
     doc = {"format": "hpcpar-shard", "step": 1, "rank": 0, "entries": {"x": entry}}
     manifest = json.dumps(doc).encode()
     data = b"\0" * 8 + manifest + struct.pack("<8sQI4x", b"HPCPARS1", len(manifest),
