@@ -163,7 +163,8 @@ class Checkpointer:
         self._buffers = _Buffers()
         self._saves = 0
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hpcpar-checkpoint")
-        self._last: Future[Any] | None = None
+        self._last: Future[Any] | None = None  # the whole flush, pruning included
+        self._last_commit: Future[Any] | None = None
         self.restored_from: list[str] = []
         self.timings: dict[str, list[float]] = {lv.name: [] for lv in self.levels}
 
@@ -214,7 +215,9 @@ class Checkpointer:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise CheckpointError(f"step must be an integer >= 0, not {step!r}")
         flat = flatten_state(state)
-        self._drain()  # back-pressure: one flush in flight
+        if self._last_commit is not None:  # back-pressure: one version being committed
+            with contextlib.suppress(CheckpointError):  # reported by that save's handle
+                self._last_commit.result()
         snapshot: Future[Any] = Future()
         if lazy:
             snapshot = self._pool.submit(self._buffers.copy, flat, self.fault, step, self.rank)
@@ -224,6 +227,7 @@ class Checkpointer:
         due = [lv for lv in self.levels if (self._saves - 1) % self.every[lv.name] == 0]
         committed: Future[Any] = Future()
         self._last = self._pool.submit(self._flush, step, snapshot, due, committed)
+        self._last_commit = committed
         return SaveHandle(snapshot, committed)
 
     def _flush(
@@ -293,6 +297,7 @@ class Checkpointer:
             level.remove(old)
 
     def _drain(self) -> None:
+        """Wait for every queued flush, pruning included (before any collective here)."""
         if self._last is not None:
             with contextlib.suppress(CheckpointError):  # reported by that save's handle
                 self._last.result()
