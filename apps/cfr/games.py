@@ -262,6 +262,12 @@ def root_state(name: str, source: str = "auto") -> Any:
             f"game {name!r} needs OpenSpiel (pip install open_spiel); "
             f"built in: {', '.join(BUILTIN_GAMES)}"
         ) from None
+    base = name.split("(", 1)[0].strip()
+    if base not in pyspiel.registered_names():
+        raise CfrError(
+            f"unknown game {base!r}: neither built in ({', '.join(BUILTIN_GAMES)}) "
+            "nor an OpenSpiel game"
+        )
     try:
         game = pyspiel.load_game(name)
     except pyspiel.SpielError as exc:

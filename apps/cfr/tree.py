@@ -12,6 +12,7 @@ arrays, loaded without pickle and checked).
 from __future__ import annotations
 
 import sys
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,7 +253,7 @@ def load_tree(path: Any) -> Tree:
         else:
             with np.load(path, allow_pickle=False) as f:
                 raw = {k: f[k] for k in f.files}
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
         raise CfrError(f"{path}: not a readable tree file ({exc.__class__.__name__})") from None
     try:
         players = [

@@ -26,6 +26,7 @@ BUILTIN_MODULES = (
     "hpcpar.cli.simulate",
     "hpcpar.cli.vcluster",
     "hpcpar.cli.checkpoint",
+    "hpcpar.apps.cfr.cli",
     "hpcpar.bench.command",
 )
 
