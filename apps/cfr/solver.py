@@ -140,7 +140,8 @@ class Solver:
         if comm is not None:
             from hpcpar.runtime.comm import resolve_comm
 
-            self.comm = resolve_comm(comm)
+            resolved = resolve_comm(comm)
+            self.comm = resolved if resolved.Get_size() > 1 else None  # one rank: no MPI calls
         self.rank = self.comm.Get_rank() if self.comm is not None else 0
         self.size = self.comm.Get_size() if self.comm is not None else 1
         self._setup()

@@ -15,6 +15,7 @@ BUILTIN_MODULES = (
     "hpcpar.bench.collectives",
     "hpcpar.bench.datatypes",
     "hpcpar.bench.checkpoint",
+    "hpcpar.bench.cfr",
 )
 
 

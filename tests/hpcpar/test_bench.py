@@ -141,3 +141,23 @@ def test_checkpoint_benchmark_end_to_end(comm, tmp_path, capsys):
         assert all(r["median_s"] > 0 for r in rows)
     leftovers = [p.name for p in Path(folder).iterdir() if p.name.startswith("hpcpar-bench-ckpt")]
     assert not leftovers
+
+
+@pytest.mark.mpi
+def test_cfr_benchmark_end_to_end(comm, tmp_path, capsys):
+    pytest.importorskip("pyspiel", reason="the peer is OpenSpiel (open_spiel)")
+    prefix = comm.bcast(str(tmp_path / "cfr"), root=0)
+    args = ["bench", "cfr", "--games", "kuhn_poker", "--budget", "0.05", "--repeats", "1"]
+    status = main([*args, "--no-python-dcfr", "--output", prefix])
+    assert_all(status == 0, "benchmark failed", comm)
+    if comm.Get_rank() == 0:
+        rows = json.loads(open(prefix + ".json").read())["results"]
+        names = {r["variant"] for r in rows}
+        assert names == {"hpcpar-cfr", "hpcpar-cfr+", "hpcpar-dcfr", "hpcpar-pcfr+",
+                         "openspiel-cpp-cfr", "openspiel-cpp-cfr+"}  # fmt: skip
+        cfr = next(r for r in rows if r["variant"] == "openspiel-cpp-cfr")
+        assert cfr["speedup_vs_openspiel_cpp_cfr"] == 1.0
+        # the curves fall: exploitability of the last point below the first
+        for r in rows:
+            curve = r["curve"]
+            assert curve[-1]["exploitability"] <= curve[0]["exploitability"]
