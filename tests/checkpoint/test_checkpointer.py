@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hpcpar.checkpoint import Checkpointer, CheckpointError, faults, young_daly_interval
+from states import same, shared_dir
 
 import hpcpar
 from hpcpar.testing import assert_all, layouts_for
 
 pytestmark = pytest.mark.mpi
-
-
-def shared_dir(comm, tmp_path):
-    return Path(comm.bcast(str(tmp_path), root=0))
 
 
 def state_of(rank, step):
@@ -29,14 +25,6 @@ def state_of(rank, step):
         "done": False,
         "extra": None,
     }
-
-
-def same(a, b):
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    return a == b
 
 
 @pytest.mark.parametrize("layout", layouts_for(hpcpar.default_comm().Get_size())[:4])

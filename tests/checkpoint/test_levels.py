@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hpcpar.checkpoint import Checkpointer, CheckpointError, faults
+from states import same, shared_dir
 
 import hpcpar
 from hpcpar.testing import assert_all
@@ -35,18 +36,6 @@ def state_of(rank, step):
         "opt": {"m": rng.integers(-5, 5, 100 + rank), "t": step},
         "tag": f"r{rank}",
     }
-
-
-def same(a, b):
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    return a == b
-
-
-def shared_dir(comm, tmp_path):
-    return Path(comm.bcast(str(tmp_path), root=0))
 
 
 def save_versions(root, h, levels, steps=(1, 2, 3), policy=None):
