@@ -1,0 +1,19 @@
+"""hpcpar.apps.sgd: data-parallel SGD on numpy models (sync mode so far).
+
+``make_model`` builds softmax regression or a small MLP with manual backprop,
+``load_dataset`` loads scikit-learn's bundled datasets or synthetic data, and
+``SyncTrainer`` trains with bucketed gradient ``hpcpar.iallreduce`` overlapped with the
+backward pass. Local SGD, asynchronous SGD, Hogwild, checkpointing, the ``hpcpar sgd``
+command and its benchmark are the rest of the SGD issue.
+"""
+
+from __future__ import annotations
+
+from .data import DATASETS, Dataset, load_dataset
+from .models import MODELS, Model, SgdError, make_model
+from .train import EpochStats, SyncTrainer
+
+__all__ = [
+    "DATASETS", "Dataset", "EpochStats", "MODELS", "Model", "SgdError", "SyncTrainer",
+    "load_dataset", "make_model",
+]  # fmt: skip

@@ -1,0 +1,169 @@
+"""Data-parallel SGD, ``sync`` mode: bucketed, overlapped gradient allreduce.
+
+Each step takes the next ``batch`` rows of the epoch's (seeded) permutation as the
+global batch; rank r differentiates its ``batch / size`` rows. The backward pass hands
+out each layer's gradient slice as soon as it is final (last layer first); slices are
+packed into buckets of ``bucket_bytes`` (25 MiB by default, like DDP) and each full
+bucket is reduced with ``hpcpar.iallreduce`` at once, overlapping with the
+differentiation of the earlier layers. The update is plain SGD on the averaged
+gradient, so training equals one process with the same global batch (up to the order
+of the floating-point sums; bit for bit at every rank count with ``reproducible=True``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .data import Dataset
+from .models import Model, SgdError
+
+__all__ = ["SyncTrainer", "EpochStats"]
+
+
+@dataclass
+class EpochStats:
+    """One epoch's figures."""
+
+    epoch: int
+    loss: float
+    test_accuracy: float
+    seconds: float
+    samples_per_s: float
+    comm_seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SyncTrainer:
+    """Synchronous data-parallel SGD with bucketed iallreduce.
+
+    Args:
+        model: The model (every rank starts from the same seed, so the same parameters).
+        data: The dataset (every rank uses only its rows of each global batch).
+        comm: ``None`` (one process) or a communicator / ``Hierarchy``.
+        batch: The global batch size (divisible by the number of ranks).
+        lr: The learning rate (> 0).
+        bucket_bytes: Gradient bucket size.
+        reproducible: Bitwise reproducible reductions.
+        seed: The data-order seed.
+
+    Raises:
+        SgdError: bad batch size or learning rate.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        data: Dataset,
+        comm: Any = None,
+        *,
+        batch: int = 64,
+        lr: float = 0.1,
+        bucket_bytes: int = 25 << 20,
+        reproducible: bool = False,
+        seed: int = 0,
+    ) -> None:
+        self.comm = None
+        if comm is not None:
+            from hpcpar.runtime.comm import resolve_comm
+
+            resolved = resolve_comm(comm)
+            self.comm = comm if resolved.Get_size() > 1 else None
+            self.size, self.rank = resolved.Get_size(), resolved.Get_rank()
+        else:
+            self.size, self.rank = 1, 0
+        if not isinstance(lr, (int, float)) or not lr > 0 or not np.isfinite(lr):
+            raise SgdError(f"learning rate must be a positive number, not {lr!r}")
+        if batch < 1 or batch % self.size:
+            raise SgdError(
+                f"batch {batch} must be a positive multiple of the number of ranks ({self.size})"
+            )
+        if bucket_bytes < 8:
+            raise SgdError(f"bucket size must be at least 8 bytes, not {bucket_bytes}")
+        if batch > data.y_train.size:
+            raise SgdError(f"batch {batch} is larger than the training set ({data.y_train.size})")
+        self.model, self.data, self.batch, self.lr = model, data, batch, float(lr)
+        self.bucket = max(1, bucket_bytes // 8)
+        self.reproducible, self.seed = reproducible, seed
+        self.grad = np.zeros(model.n_params)
+        self.reduced = np.zeros(model.n_params)
+        self.step = 0
+        self.comm_seconds = 0.0
+
+    def _rows(self, epoch: int, index: int) -> np.ndarray:
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.data.y_train.size)
+        mine = self.batch // self.size
+        start = index * self.batch + self.rank * mine
+        return order[start : start + mine]
+
+    def train_step(self, rows: np.ndarray) -> float:
+        """One SGD step on this rank's ``rows`` of the global batch; its summed loss."""
+        model, grad = self.model, self.grad
+        requests: list[Any] = []
+        edge = [model.n_params]  # the bucket being filled is [ready, edge)
+
+        def on_ready(start: int, stop: int) -> None:
+            if self.comm is None:
+                return
+            ready = start
+            while edge[0] - ready >= self.bucket:
+                lo = edge[0] - self.bucket
+                requests.append(self._start(lo, edge[0]))
+                edge[0] = lo
+            del stop
+
+        x, y = self.data.x_train[rows], self.data.y_train[rows]
+        loss = model.loss_and_grad(x, y, grad, 1.0 / self.batch, on_ready)
+        if self.comm is None:
+            model.params -= self.lr * grad
+            return loss
+        if edge[0] > 0:
+            requests.append(self._start(0, edge[0]))
+        t0 = time.perf_counter()
+        for request in requests:
+            request.wait()
+        self.comm_seconds += time.perf_counter() - t0
+        model.params -= self.lr * self.reduced
+        return loss
+
+    def _start(self, lo: int, hi: int) -> Any:
+        import hpcpar
+
+        return hpcpar.iallreduce(
+            self.grad[lo:hi],
+            out=self.reduced[lo:hi],
+            comm=self.comm,
+            reproducible=self.reproducible,
+        )
+
+    def epoch(self, epoch: int) -> EpochStats:
+        """One pass over the training set (the last partial batch dropped)."""
+        t0 = time.perf_counter()
+        self.comm_seconds = 0.0
+        steps = self.data.y_train.size // self.batch
+        loss = 0.0
+        for index in range(steps):
+            loss += self.train_step(self._rows(epoch, index))
+            self.step += 1
+        seconds = time.perf_counter() - t0
+        total = self._sum(loss) / (steps * self.batch)
+        return EpochStats(
+            epoch,
+            total,
+            self.model.accuracy(self.data.x_test, self.data.y_test),
+            seconds,
+            steps * self.batch / seconds,
+            self.comm_seconds,
+        )
+
+    def _sum(self, value: float) -> float:
+        if self.comm is None:
+            return value
+        from mpi4py import MPI
+
+        from hpcpar.runtime.comm import resolve_comm
+
+        return resolve_comm(self.comm).allreduce(value, op=MPI.SUM)

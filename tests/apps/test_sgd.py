@@ -1,0 +1,59 @@
+"""SGD app: gradients against finite differences, accuracy on digits, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hpcpar.apps.sgd import SgdError, SyncTrainer, load_dataset, make_model
+
+pytest.importorskip("sklearn", reason="the bundled datasets come with scikit-learn")
+
+
+@pytest.mark.parametrize("name", ["softmax", "mlp", "mlp2"])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_gradient_matches_finite_differences(name, sparse):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((7, 5))
+    if sparse:
+        from scipy import sparse as sp
+
+        x[np.abs(x) < 0.7] = 0
+        x = sp.csr_matrix(x)
+    y = rng.integers(0, 3, 7)
+    model = make_model(name, 5, 3, hidden=4, seed=2)
+    grad = np.zeros(model.n_params)
+    seen = []
+    model.loss_and_grad(x, y, grad, 1.0, lambda a, b: seen.append((a, b)))
+    assert seen[0][1] == model.n_params and seen[-1][0] == 0  # last layer first
+    eps = 1e-6
+    for i in range(model.n_params):
+        model.params[i] += eps
+        up = model.loss_and_grad(x, y, np.zeros(model.n_params), 1.0)
+        model.params[i] -= 2 * eps
+        down = model.loss_and_grad(x, y, np.zeros(model.n_params), 1.0)
+        model.params[i] += eps
+        assert abs((up - down) / (2 * eps) - grad[i]) < 1e-6 * max(1.0, abs(grad[i]))
+
+
+def test_mlp_reaches_95_percent_on_digits():
+    data = load_dataset("digits")
+    model = make_model("mlp", data.n_features, data.n_classes, seed=1)
+    trainer = SyncTrainer(model, data, batch=32, lr=0.1)
+    for epoch in range(15):
+        stats = trainer.epoch(epoch)
+    assert stats.test_accuracy >= 0.95
+
+
+def test_bad_input():
+    data = load_dataset("wine")
+    model = make_model("softmax", data.n_features, data.n_classes)
+    with pytest.raises(SgdError, match="learning rate must be a positive"):
+        SyncTrainer(model, data, lr=0)
+    with pytest.raises(SgdError, match="batch 0 must be a positive multiple"):
+        SyncTrainer(model, data, batch=0)
+    with pytest.raises(SgdError, match="larger than the training set"):
+        SyncTrainer(model, data, batch=10**6)
+    with pytest.raises(SgdError, match="unknown dataset 'mnist'"):
+        load_dataset("mnist")
+    with pytest.raises(SgdError, match="unknown model 'cnn'"):
+        make_model("cnn", 4, 2)

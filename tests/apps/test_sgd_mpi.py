@@ -1,0 +1,42 @@
+"""Sync data-parallel SGD at 1-4 ranks equals one process with the same global batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hpcpar.apps.sgd import SgdError, SyncTrainer, load_dataset, make_model
+
+import hpcpar
+from hpcpar.testing import assert_all, layouts_for
+
+pytest.importorskip("sklearn", reason="the bundled datasets come with scikit-learn")
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("layout", layouts_for(hpcpar.default_comm().Get_size())[:3])
+@pytest.mark.parametrize("bucket_bytes", [256, 25 << 20])  # many small buckets, or one
+def test_sync_equals_single_process(comm, layout, bucket_bytes):
+    data = load_dataset("digits")
+    batch = 12 * comm.Get_size()
+
+    def run(c):
+        model = make_model("mlp", data.n_features, data.n_classes, hidden=16, seed=4)
+        trainer = SyncTrainer(model, data, c, batch=batch, lr=0.05, bucket_bytes=bucket_bytes)
+        for index in range(20):
+            trainer.train_step(trainer._rows(0, index))
+        return model.params
+
+    alone = run(None)
+    with hpcpar.Hierarchy(comm, layout=layout) as h:
+        together = run(h)
+    worst = float(np.abs(together - alone).max())
+    assert_all(worst < 1e-10, f"parameters differ by {worst}", comm)
+
+
+def test_batch_must_divide(comm):
+    if comm.Get_size() == 1:
+        pytest.skip("every batch divides over one rank")
+    data = load_dataset("wine")
+    model = make_model("softmax", data.n_features, data.n_classes)
+    with pytest.raises(SgdError, match="multiple of the number of ranks"):
+        SyncTrainer(model, data, comm, batch=comm.Get_size() * 4 + 1)
