@@ -65,6 +65,8 @@ class SyncTrainer:
         bucket_bytes: int = 25 << 20,
         reproducible: bool = False,
         seed: int = 0,
+        mode: str = "sync",
+        local_steps: int = 8,
     ) -> None:
         self.comm = None
         if comm is not None:
@@ -81,6 +83,10 @@ class SyncTrainer:
             raise SgdError(
                 f"batch {batch} must be a positive multiple of the number of ranks ({self.size})"
             )
+        if mode not in ("sync", "local"):
+            raise SgdError(f"unknown mode {mode!r}; implemented: sync, local")
+        if local_steps < 1:
+            raise SgdError(f"local steps must be at least 1, not {local_steps}")
         if bucket_bytes < 8:
             raise SgdError(f"bucket size must be at least 8 bytes, not {bucket_bytes}")
         if batch > data.y_train.size:
@@ -88,6 +94,7 @@ class SyncTrainer:
         self.model, self.data, self.batch, self.lr = model, data, batch, float(lr)
         self.bucket = max(1, bucket_bytes // 8)
         self.reproducible, self.seed = reproducible, seed
+        self.mode, self.local_steps = mode, local_steps
         self.grad = np.zeros(model.n_params)
         self.reduced = np.zeros(model.n_params)
         self.step = 0
@@ -116,6 +123,12 @@ class SyncTrainer:
             del stop
 
         x, y = self.data.x_train[rows], self.data.y_train[rows]
+        if self.mode == "local":  # local step on this rank's rows; average every H steps
+            loss = model.loss_and_grad(x, y, grad, 1.0 / rows.size)
+            model.params -= self.lr * grad
+            if self.comm is not None and (self.step + 1) % self.local_steps == 0:
+                self.average()
+            return loss
         loss = model.loss_and_grad(x, y, grad, 1.0 / self.batch, on_ready)
         if self.comm is None:
             model.params -= self.lr * grad
@@ -129,6 +142,16 @@ class SyncTrainer:
         model.params -= self.lr * self.reduced
         return loss
 
+    def average(self) -> None:
+        """Replace every rank's parameters by their mean (local SGD's communication)."""
+        import hpcpar
+
+        t0 = time.perf_counter()
+        hpcpar.allreduce(self.model.params, out=self.reduced, comm=self.comm,
+                         reproducible=self.reproducible)  # fmt: skip
+        self.model.params[:] = self.reduced / self.size
+        self.comm_seconds += time.perf_counter() - t0
+
     def _start(self, lo: int, hi: int) -> Any:
         import hpcpar
 
@@ -139,15 +162,28 @@ class SyncTrainer:
             reproducible=self.reproducible,
         )
 
-    def epoch(self, epoch: int) -> EpochStats:
-        """One pass over the training set (the last partial batch dropped)."""
+    @property
+    def steps_per_epoch(self) -> int:
+        """Global batches per epoch (the last partial batch is dropped)."""
+        return self.data.y_train.size // self.batch
+
+    def epoch(self, epoch: int, start: int = 0, after_step: Any = None) -> EpochStats:
+        """One pass over the training set from batch ``start``.
+
+        ``after_step(epoch, index)`` runs after each step (checkpointing).
+        """
         t0 = time.perf_counter()
         self.comm_seconds = 0.0
-        steps = self.data.y_train.size // self.batch
+        steps = self.steps_per_epoch
         loss = 0.0
-        for index in range(steps):
+        for index in range(start, steps):
             loss += self.train_step(self._rows(epoch, index))
             self.step += 1
+            if after_step is not None:
+                after_step(epoch, index)
+        if self.mode == "local" and self.comm is not None and self.step % self.local_steps:
+            self.average()  # end every epoch on one model
+        steps = max(steps - start, 1)
         seconds = time.perf_counter() - t0
         total = self._sum(loss) / (steps * self.batch)
         return EpochStats(

@@ -57,3 +57,36 @@ def test_bad_input():
         load_dataset("mnist")
     with pytest.raises(SgdError, match="unknown model 'cnn'"):
         make_model("cnn", 4, 2)
+
+
+def test_killed_training_resumes_to_the_same_model(tmp_path):
+    import sys
+
+    from launching import clean_env, launch
+
+    def train(out, *extra, env=None):
+        args = ["-m", "hpcpar", "sgd", "--dataset", "wine", "--model", "mlp", "--hidden", "8"]
+        args += ["--epochs", "4", "--batch", "16", "--lr", "0.05", "--out", str(out), *extra]
+        return launch(2, sys.executable, *args, layout="ppn:1", env=env)
+
+    plain = train(tmp_path / "plain.json")
+    assert plain.returncode == 0, plain.stderr
+    ck = ["--checkpoint", str(tmp_path / "ck"), "--checkpoint-every", "5"]
+    fault = clean_env(HPCPAR_CHECKPOINT_FAULT="kill=after-commit,step=15,rank=1")
+    crashed = train(tmp_path / "resumed.json", *ck, env=fault)
+    assert crashed.returncode != 0 and not (tmp_path / "resumed.npy").exists()
+    again = train(tmp_path / "resumed.json", *ck)
+    assert again.returncode == 0, again.stderr
+    assert "# resumed at step 15" in again.stdout
+    assert np.array_equal(np.load(tmp_path / "plain.npy"), np.load(tmp_path / "resumed.npy"))
+
+
+def test_local_sgd_learns_and_bad_mode_is_refused():
+    data = load_dataset("digits")
+    model = make_model("mlp", data.n_features, data.n_classes, seed=1)
+    trainer = SyncTrainer(model, data, batch=32, lr=0.1, mode="local", local_steps=4)
+    for epoch in range(10):
+        stats = trainer.epoch(epoch)
+    assert stats.test_accuracy >= 0.95
+    with pytest.raises(SgdError, match="unknown mode 'hogwild'"):
+        SyncTrainer(model, data, mode="hogwild")

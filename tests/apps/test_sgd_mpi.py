@@ -40,3 +40,15 @@ def test_batch_must_divide(comm):
     model = make_model("softmax", data.n_features, data.n_classes)
     with pytest.raises(SgdError, match="multiple of the number of ranks"):
         SyncTrainer(model, data, comm, batch=comm.Get_size() * 4 + 1)
+
+
+def test_local_sgd_reaches_95_percent(comm):
+    data = load_dataset("digits")
+    model = make_model("mlp", data.n_features, data.n_classes, seed=1)
+    trainer = SyncTrainer(model, data, comm, batch=32 * comm.Get_size(), lr=0.1, mode="local",
+                          local_steps=4)  # fmt: skip
+    for epoch in range(12):
+        stats = trainer.epoch(epoch)
+    params = comm.allgather(model.params)
+    assert_all(all(np.array_equal(params[0], p) for p in params), "models differ", comm)
+    assert_all(stats.test_accuracy >= 0.95, f"accuracy {stats.test_accuracy}", comm)

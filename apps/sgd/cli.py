@@ -1,0 +1,145 @@
+"""``hpcpar sgd``: data-parallel training with per-epoch figures, checkpoints and resume."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from hpcpar.cli.common import add_layout_argument
+from hpcpar.cli.registry import Command, register
+
+__all__: list[str] = []
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dataset",
+        default="digits",
+        help="digits, breast_cancer, wine (scikit-learn's), synthetic, synthetic_sparse",
+    )
+    parser.add_argument("--model", default="mlp", help="softmax, mlp or mlp2 (default mlp)")
+    parser.add_argument("--hidden", type=int, default=64, help="hidden width (default 64)")
+    parser.add_argument("--mode", default="sync", help="sync or local (default sync)")
+    parser.add_argument("--local-steps", type=int, default=8, help="local mode: steps per average")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=64, help="global batch (default 64)")
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--bucket-mib", type=float, default=25.0, help="gradient bucket (25)")
+    parser.add_argument("--reproducible", action="store_true", help="bitwise reductions")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (resumes)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="steps")
+    parser.add_argument("--out", metavar="FILE", help="results JSON; also FILE.csv, FILE.png")
+    add_layout_argument(parser)
+
+
+def _run(comm: Any, args: argparse.Namespace) -> int:
+    from hpcpar.errors import UsageError
+    from hpcpar.topology import Hierarchy
+
+    from .data import load_dataset
+    from .models import make_model
+    from .train import SyncTrainer
+
+    if args.epochs < 1:
+        raise UsageError(f"sgd: --epochs must be at least 1, not {args.epochs}")
+    if args.checkpoint_every < 0 or (args.checkpoint_every and not args.checkpoint):
+        raise UsageError("sgd: --checkpoint-every K needs K >= 0 and --checkpoint DIR")
+    say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
+    data = load_dataset(args.dataset, args.seed)
+    model = make_model(args.model, data.n_features, data.n_classes, args.hidden, args.seed)
+    h = Hierarchy(comm, layout=args.layout)
+    trainer = SyncTrainer(
+        model, data, h, batch=args.batch, lr=args.lr, bucket_bytes=int(args.bucket_mib * 2**20),
+        reproducible=args.reproducible, seed=args.seed, mode=args.mode,
+        local_steps=args.local_steps,
+    )  # fmt: skip
+    say(
+        f"# hpcpar sgd: {args.model} ({model.n_params} parameters) on {args.dataset} "
+        f"({data.y_train.size} training rows), mode {args.mode}, {comm.Get_size()} rank(s), "
+        f"global batch {args.batch}, lr {args.lr}"
+    )
+    ck, epoch, start = None, 0, 0
+    if args.checkpoint:
+        from hpcpar.checkpoint import Checkpointer
+
+        ck = Checkpointer(args.checkpoint, comm=h, levels=["memory", "local"])
+        if ck.versions():
+            _, state = ck.restore()
+            model.params[:] = state["params"]
+            trainer.step, epoch, start = state["step"], state["epoch"], state["next"]
+            say(f"# resumed at step {trainer.step} (epoch {epoch}, batch {start})")
+
+    def after_step(e: int, index: int) -> None:
+        if ck is not None and args.checkpoint_every and trainer.step % args.checkpoint_every == 0:
+            last = index + 1 == trainer.steps_per_epoch
+            state = {"params": model.params, "step": trainer.step,
+                     "epoch": e + 1 if last else e, "next": 0 if last else index + 1}  # fmt: skip
+            ck.save(trainer.step, state)
+
+    rows = []
+    try:
+        for e in range(epoch, args.epochs):
+            stats = trainer.epoch(e, start, after_step)
+            start = 0
+            row = {
+                "epoch": e + 1,
+                "loss": stats.loss,
+                "test_accuracy": stats.test_accuracy,
+                "seconds": stats.seconds,
+                "samples_per_s": stats.samples_per_s,
+                "comm_seconds": stats.comm_seconds,
+            }
+            rows.append(row)
+            say(
+                f"  epoch {e + 1:4d}  loss {stats.loss:.4f}  test accuracy "
+                f"{stats.test_accuracy:.4f}  {stats.samples_per_s:10.0f} samples/s",
+                flush=True,
+            )
+    finally:
+        if ck is not None:
+            ck.close()
+    _write(comm, args, rows, model)
+    h.free()
+    return 0
+
+
+def _write(comm: Any, args: argparse.Namespace, rows: list, model: Any) -> None:
+    if not args.out:
+        return
+    import numpy as np
+
+    from hpcpar.runtime.results import write_csv, write_json
+
+    params = {k: v for k, v in vars(args).items() if k != "hpcpar_command"}
+    write_json(args.out, {"epochs": rows}, comm=comm, layout=args.layout, parameters=params)
+    base = Path(args.out).with_suffix("")
+    write_csv(f"{base}.csv", rows, comm=comm)
+    if comm.Get_rank() == 0:
+        np.save(f"{base}.npy", model.params, allow_pickle=False)  # the final model
+        _plot(rows, f"{base}.png")
+
+
+def _plot(rows: list[dict[str, Any]], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(np.cumsum([r["seconds"] for r in rows]), [r["loss"] for r in rows], marker="o")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("training loss")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+register(
+    Command("sgd", "data-parallel SGD on numpy models (sync or local SGD)", _add_arguments, _run)
+)
