@@ -64,13 +64,16 @@ def _state(nbytes: int, rank: int) -> dict[str, Any]:
 
 
 def _drop_cache(folder: Path) -> None:
+    """Drop the page-cache pages of every file below ``folder``."""
     for path in folder.rglob("*"):
-        if path.is_file():
+        try:
             fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+        except (FileNotFoundError, IsADirectoryError):
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def _slowest(comm: Any, op: Callable[[], Any]) -> float:
@@ -289,8 +292,10 @@ class _Bench:
             with Checkpointer(folder, comm=h, levels=levels) as ck:
                 ck.save(1, state).wait()
             for level in order:
-                if level == "partner" and rank == 0:
-                    faults.delete_node(folder, 0)
+                if level == "partner":
+                    if rank == 0:
+                        faults.delete_node(folder, 0)
+                    comm.Barrier()  # no rank looks at the files while they go
                 if not self.args.warm_cache:
                     _drop_cache(folder)
                 with Checkpointer(folder, comm=h, levels=[level]) as ck:
@@ -344,11 +349,14 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
             bench.writes(total, share, state)
             bench.restores(total, state)
             del state
-    finally:
-        comm.Barrier()
-        if rank == 0:
-            shutil.rmtree(top, ignore_errors=True)
-        h.free()
+    except BaseException:
+        if rank == 0:  # no barrier: the other ranks may be inside a collective; the
+            shutil.rmtree(top, ignore_errors=True)  # error aborts the job
+        raise
+    comm.Barrier()
+    if rank == 0:
+        shutil.rmtree(top, ignore_errors=True)
+    h.free()
     return bench.rows
 
 
