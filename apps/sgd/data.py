@@ -47,12 +47,53 @@ def _split(name: str, x: Any, y: np.ndarray, seed: int) -> Dataset:
     return Dataset(name, x_train, y[train], x_test, y[test], int(classes.size))
 
 
+def load_file(path: str, seed: int = 0) -> Dataset:
+    """User data: a ``.npz`` or ``.h5`` file with ``x`` (rows x features) and ``y`` (labels).
+
+    Nothing is unpickled; the arrays are checked.
+
+    Raises:
+        SgdError: unreadable file, missing arrays, mismatched shapes, NaN or infinity,
+            non-integer labels, fewer than two classes.
+    """
+    from pathlib import Path
+
+    file = Path(path)
+    try:
+        if file.suffix in (".h5", ".hdf5"):
+            import h5py
+
+            with h5py.File(file, "r") as f:
+                x, y = np.asarray(f["x"][()]), np.asarray(f["y"][()])
+        else:
+            with np.load(file, allow_pickle=False) as f:
+                x, y = f["x"], f["y"]
+    except KeyError as exc:
+        raise SgdError(f"{file}: needs arrays 'x' and 'y' (missing {exc})") from None
+    except (OSError, ValueError) as exc:
+        raise SgdError(
+            f"{file}: not a readable .npz or .h5 file ({exc.__class__.__name__})"
+        ) from None
+    if x.ndim != 2 or y.ndim != 1 or x.shape[0] != y.shape[0]:
+        raise SgdError(
+            f"{file}: x must be rows x features and y one label per row; "
+            f"got x {x.shape}, y {y.shape}"
+        )
+    if x.dtype.kind not in "fiu" or y.dtype.kind not in "iu":
+        raise SgdError(f"{file}: x must be numeric and y integer labels (got {x.dtype}, {y.dtype})")
+    if np.unique(y).size < 2:
+        raise SgdError(f"{file}: y holds fewer than two classes")
+    return _split(file.name, x.astype(np.float64), y, seed)
+
+
 def load_dataset(name: str, seed: int = 0) -> Dataset:
-    """A dataset by name, split 80/20 with ``seed``.
+    """A dataset by name (or a ``.npz``/``.h5`` path), split 80/20 with ``seed``.
 
     Raises:
         SgdError: an unknown name, or scikit-learn missing for its bundled datasets.
     """
+    if name.endswith((".npz", ".h5", ".hdf5")):
+        return load_file(name, seed)
     if name in ("digits", "breast_cancer", "wine"):
         try:
             from sklearn import datasets

@@ -90,3 +90,25 @@ def test_local_sgd_learns_and_bad_mode_is_refused():
     assert stats.test_accuracy >= 0.95
     with pytest.raises(SgdError, match="unknown mode 'hogwild'"):
         SyncTrainer(model, data, mode="hogwild")
+
+
+def test_user_data_files(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((50, 3)), rng.integers(0, 2, 50)
+    np.savez(tmp_path / "ok.npz", x=x, y=y)
+    data = load_dataset(str(tmp_path / "ok.npz"))
+    assert data.n_features == 3 and data.y_train.size == 40 and data.n_classes == 2
+    np.savez(tmp_path / "shape.npz", x=x, y=y[:-1])
+    with pytest.raises(SgdError, match="one label per row"):
+        load_dataset(str(tmp_path / "shape.npz"))
+    bad = x.copy()
+    bad[3, 1] = np.nan
+    np.savez(tmp_path / "nan.npz", x=bad, y=y)
+    with pytest.raises(SgdError, match="NaN"):
+        load_dataset(str(tmp_path / "nan.npz"))
+    np.savez(tmp_path / "noy.npz", x=x)
+    with pytest.raises(SgdError, match="needs arrays 'x' and 'y'"):
+        load_dataset(str(tmp_path / "noy.npz"))
+    (tmp_path / "junk.npz").write_text("junk")
+    with pytest.raises(SgdError, match="not a readable"):
+        load_dataset(str(tmp_path / "junk.npz"))
