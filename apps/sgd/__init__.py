@@ -1,10 +1,10 @@
-"""hpcpar.apps.sgd: data-parallel SGD on numpy models (sync mode so far).
+"""hpcpar.apps.sgd: data-parallel SGD on numpy models (sync, local and async modes).
 
 ``make_model`` builds softmax regression or a small MLP with manual backprop,
 ``load_dataset`` loads scikit-learn's bundled datasets or synthetic data, and
 ``SyncTrainer`` trains with bucketed gradient ``hpcpar.iallreduce`` overlapped with the
-backward pass. Local SGD, asynchronous SGD, Hogwild, checkpointing, the ``hpcpar sgd``
-command and its benchmark are the rest of the SGD issue.
+backward pass (``mode="local"``: local SGD); ``async_ps.AsyncTrainer`` is asynchronous
+SGD with a parameter server. Hogwild and ``hpcpar bench sgd`` are the rest of the issue.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", default="mlp", help="softmax, mlp or mlp2 (default mlp)")
     parser.add_argument("--hidden", type=int, default=64, help="hidden width (default 64)")
-    parser.add_argument("--mode", default="sync", help="sync or local (default sync)")
+    parser.add_argument("--mode", default="sync", help="sync, local or async (default sync)")
+    parser.add_argument("--clip", type=float, default=5.0, help="async: gradient norm clip (5)")
     parser.add_argument("--local-steps", type=int, default=8, help="local mode: steps per average")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64, help="global batch (default 64)")
@@ -50,11 +51,26 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     data = load_dataset(args.dataset, args.seed)
     model = make_model(args.model, data.n_features, data.n_classes, args.hidden, args.seed)
     h = Hierarchy(comm, layout=args.layout)
-    trainer = SyncTrainer(
-        model, data, h, batch=args.batch, lr=args.lr, bucket_bytes=int(args.bucket_mib * 2**20),
-        reproducible=args.reproducible, seed=args.seed, mode=args.mode,
-        local_steps=args.local_steps,
-    )  # fmt: skip
+    if args.mode == "async":
+        from .async_ps import AsyncTrainer
+
+        if args.checkpoint:
+            raise UsageError("sgd: --checkpoint works with the sync and local modes")
+        trainer: Any = AsyncTrainer(model, data, h, batch=args.batch, lr=args.lr,
+                                    clip=args.clip, seed=args.seed)  # fmt: skip
+    else:
+        trainer = SyncTrainer(
+            model,
+            data,
+            h,
+            batch=args.batch,
+            lr=args.lr,
+            bucket_bytes=int(args.bucket_mib * 2**20),
+            reproducible=args.reproducible,
+            seed=args.seed,
+            mode=args.mode,
+            local_steps=args.local_steps,
+        )
     say(
         f"# hpcpar sgd: {args.model} ({model.n_params} parameters) on {args.dataset} "
         f"({data.y_train.size} training rows), mode {args.mode}, {comm.Get_size()} rank(s), "
@@ -81,7 +97,9 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     rows = []
     try:
         for e in range(epoch, args.epochs):
-            stats = trainer.epoch(e, start, after_step)
+            stats = (
+                trainer.epoch(e) if args.mode == "async" else trainer.epoch(e, start, after_step)
+            )
             start = 0
             row = {
                 "epoch": e + 1,
@@ -90,6 +108,7 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
                 "seconds": stats.seconds,
                 "samples_per_s": stats.samples_per_s,
                 "comm_seconds": stats.comm_seconds,
+                **stats.extra,
             }
             rows.append(row)
             say(

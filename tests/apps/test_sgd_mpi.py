@@ -52,3 +52,21 @@ def test_local_sgd_reaches_95_percent(comm):
     params = comm.allgather(model.params)
     assert_all(all(np.array_equal(params[0], p) for p in params), "models differ", comm)
     assert_all(stats.test_accuracy >= 0.95, f"accuracy {stats.test_accuracy}", comm)
+
+
+def test_async_parameter_server_learns(comm):
+    from hpcpar.apps.sgd.async_ps import AsyncTrainer
+
+    data = load_dataset("digits")
+    model = make_model("mlp", data.n_features, data.n_classes, seed=1)
+    trainer = AsyncTrainer(model, data, comm, batch=16, lr=0.1, clip=5.0)
+    for epoch in range(6):
+        stats = trainer.epoch(epoch)
+    params = comm.allgather(model.params)
+    assert_all(all(np.array_equal(params[0], p) for p in params), "models differ", comm)
+    assert_all(stats.test_accuracy >= 0.95, f"accuracy {stats.test_accuracy}", comm)
+    if comm.Get_rank() == 0:
+        steps = trainer.version
+        assert len(trainer.staleness) == steps  # every gradient applied once, staleness kept
+        if comm.Get_size() <= 2:
+            assert stats.extra["max_staleness"] == 0  # one worker: never stale
