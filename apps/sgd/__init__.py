@@ -1,10 +1,11 @@
-"""hpcpar.apps.sgd: data-parallel SGD on numpy models (sync, local and async modes).
+"""hpcpar.apps.sgd: data-parallel SGD on numpy models (sync, local, async, hogwild).
 
 ``make_model`` builds softmax regression or a small MLP with manual backprop,
 ``load_dataset`` loads scikit-learn's bundled datasets or synthetic data, and
 ``SyncTrainer`` trains with bucketed gradient ``hpcpar.iallreduce`` overlapped with the
 backward pass (``mode="local"``: local SGD); ``async_ps.AsyncTrainer`` is asynchronous
-SGD with a parameter server. Hogwild and ``hpcpar bench sgd`` are the rest of the issue.
+SGD with a parameter server; ``hogwild.HogwildTrainer`` shares one model per node in an
+MPI shared-memory window. ``hpcpar bench sgd`` is the rest of the issue.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", default="mlp", help="softmax, mlp or mlp2 (default mlp)")
     parser.add_argument("--hidden", type=int, default=64, help="hidden width (default 64)")
-    parser.add_argument("--mode", default="sync", help="sync, local or async (default sync)")
+    parser.add_argument(
+        "--mode", default="sync", help="sync, local, async or hogwild (default sync)"
+    )
     parser.add_argument("--clip", type=float, default=5.0, help="async: gradient norm clip (5)")
     parser.add_argument("--local-steps", type=int, default=8, help="local mode: steps per average")
     parser.add_argument("--epochs", type=int, default=10)
@@ -41,7 +43,6 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
 
     from .data import load_dataset
     from .models import make_model
-    from .train import SyncTrainer
 
     if args.epochs < 1:
         raise UsageError(f"sgd: --epochs must be at least 1, not {args.epochs}")
@@ -51,26 +52,9 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     data = load_dataset(args.dataset, args.seed)
     model = make_model(args.model, data.n_features, data.n_classes, args.hidden, args.seed)
     h = Hierarchy(comm, layout=args.layout)
-    if args.mode == "async":
-        from .async_ps import AsyncTrainer
-
-        if args.checkpoint:
-            raise UsageError("sgd: --checkpoint works with the sync and local modes")
-        trainer: Any = AsyncTrainer(model, data, h, batch=args.batch, lr=args.lr,
-                                    clip=args.clip, seed=args.seed)  # fmt: skip
-    else:
-        trainer = SyncTrainer(
-            model,
-            data,
-            h,
-            batch=args.batch,
-            lr=args.lr,
-            bucket_bytes=int(args.bucket_mib * 2**20),
-            reproducible=args.reproducible,
-            seed=args.seed,
-            mode=args.mode,
-            local_steps=args.local_steps,
-        )
+    if args.mode in ("async", "hogwild") and args.checkpoint:
+        raise UsageError("sgd: --checkpoint works with the sync and local modes")
+    trainer = _trainer(args, model, data, h)
     say(
         f"# hpcpar sgd: {args.model} ({model.n_params} parameters) on {args.dataset} "
         f"({data.y_train.size} training rows), mode {args.mode}, {comm.Get_size()} rank(s), "
@@ -97,9 +81,10 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     rows = []
     try:
         for e in range(epoch, args.epochs):
-            stats = (
-                trainer.epoch(e) if args.mode == "async" else trainer.epoch(e, start, after_step)
-            )
+            if args.mode in ("async", "hogwild"):
+                stats = trainer.epoch(e)
+            else:
+                stats = trainer.epoch(e, start, after_step)
             start = 0
             row = {
                 "epoch": e + 1,
@@ -119,9 +104,41 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     finally:
         if ck is not None:
             ck.close()
+        if args.mode == "hogwild":
+            trainer.free()
     _write(comm, args, rows, model)
     h.free()
     return 0
+
+
+def _trainer(args: argparse.Namespace, model: Any, data: Any, h: Any) -> Any:
+    """The trainer of ``--mode``."""
+    from .train import SyncTrainer
+
+    if args.mode == "async":
+        from .async_ps import AsyncTrainer
+
+        trainer = AsyncTrainer(
+            model, data, h, batch=args.batch, lr=args.lr, clip=args.clip, seed=args.seed
+        )
+    elif args.mode == "hogwild":
+        from .hogwild import HogwildTrainer
+
+        trainer = HogwildTrainer(model, data, h, batch=args.batch, lr=args.lr, seed=args.seed)
+    else:
+        trainer = SyncTrainer(
+            model,
+            data,
+            h,
+            batch=args.batch,
+            lr=args.lr,
+            bucket_bytes=int(args.bucket_mib * 2**20),
+            reproducible=args.reproducible,
+            seed=args.seed,
+            mode=args.mode,
+            local_steps=args.local_steps,
+        )
+    return trainer
 
 
 def _write(comm: Any, args: argparse.Namespace, rows: list, model: Any) -> None:

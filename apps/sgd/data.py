@@ -112,7 +112,7 @@ def load_dataset(name: str, seed: int = 0) -> Dataset:
     if name == "synthetic_sparse":
         from scipy import sparse
 
-        n, d, k, nnz = 20000, 20000, 4, 30
+        n, d, k, nnz = 20000, 2000, 4, 30
         w = rng.standard_normal((d, k))
         cols = rng.integers(0, d, (n, nnz))
         vals = rng.random((n, nnz))

@@ -70,3 +70,22 @@ def test_async_parameter_server_learns(comm):
         assert len(trainer.staleness) == steps  # every gradient applied once, staleness kept
         if comm.Get_size() <= 2:
             assert stats.extra["max_staleness"] == 0  # one worker: never stale
+
+
+@pytest.mark.parametrize("layout", [None, "ppn:2", "ppn:1"])
+@pytest.mark.parametrize("dataset", ["digits", "synthetic_sparse"])
+def test_hogwild_learns_on_shared_node_models(comm, layout, dataset):
+    from hpcpar.apps.sgd.hogwild import HogwildTrainer
+
+    data = load_dataset(dataset)
+    name = "mlp" if dataset == "digits" else "softmax"
+    model = make_model(name, data.n_features, data.n_classes, seed=1)
+    with hpcpar.Hierarchy(comm, layout=layout) as h:
+        trainer = HogwildTrainer(model, data, h, batch=16, lr=0.1 if name == "mlp" else 2.0)
+        for epoch in range(6 if name == "mlp" else 3):
+            stats = trainer.epoch(epoch)
+        trainer.free()
+    params = comm.allgather(model.params)
+    assert_all(all(np.array_equal(params[0], p) for p in params), "models differ", comm)
+    target = 0.95 if name == "mlp" else 0.75
+    assert_all(stats.test_accuracy >= target, f"accuracy {stats.test_accuracy}", comm)
