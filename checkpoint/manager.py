@@ -75,15 +75,10 @@ class _Buffers:
         spare = self.sets[self.turn]
         self.turn ^= 1
         out: dict[str, Any] = {}
-        arrays = {
-            k: i
-            for i, k in enumerate(
-                k for k, v in flat.items() if isinstance(v, np.ndarray) or is_device_array(v)
-            )
-        }
-        half = len(arrays) // 2
+        arrays = [k for k, v in flat.items() if isinstance(v, np.ndarray) or is_device_array(v)]
+        halfway = arrays[max(len(arrays) // 2, 1) - 1] if arrays else None  # fault point
         for name, value in flat.items():
-            if name in arrays:
+            if isinstance(value, np.ndarray) or is_device_array(value):
                 device = is_device_array(value)
                 buf = spare.get(name)
                 if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
@@ -94,7 +89,7 @@ class _Buffers:
                 else:
                     np.copyto(buf, value)
                 out[name] = buf
-                if fault is not None and arrays[name] + 1 == max(half, 1):
+                if fault is not None and name == halfway:
                     fault.point("snapshot", step, rank)
             else:
                 out[name] = value

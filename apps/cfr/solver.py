@@ -94,8 +94,6 @@ class _Part:
         self.inf_of = xp.asarray(inf_of)
         self.seq_parent = xp.asarray(parent_local[inf_of] if self.L else np.zeros(0, np.int64))
         self.uniform = xp.asarray(1.0 / n_act[inf_of]) if self.L else xp.zeros(0)
-        self.n_act = n_act
-        self.owned = owned
 
 
 class Solver:
@@ -193,16 +191,18 @@ class Solver:
 
     # ---- the passes ----------------------------------------------------------------
 
-    def _match(self, p: int, regret: Any) -> Any:
-        """Regret matching: positive regrets normalised per infoset, else uniform."""
+    def _normalise(self, p: int, weights: Any) -> Any:
+        """Non-negative weights normalised per infoset; uniform where an infoset's sum is 0."""
         xp, part = self.xp, self.parts[p]
         if part.L == 0:
             return xp.zeros(0)
-        pos = xp.maximum(regret, 0.0)
-        padded = xp.concatenate([pos, xp.zeros(2)])
+        padded = xp.concatenate([weights, xp.zeros(2)])
         sums = padded[part.grid].sum(axis=1)[part.inf_of]
-        safe = xp.where(sums > 0, sums, 1.0)
-        return xp.where(sums > 0, pos / safe, part.uniform)
+        return xp.where(sums > 0, weights / xp.where(sums > 0, sums, 1.0), part.uniform)
+
+    def _match(self, p: int, regret: Any) -> Any:
+        """Regret matching: positive regrets normalised per infoset, else uniform."""
+        return self._normalise(p, self.xp.maximum(regret, 0.0))
 
     def _plan(self, p: int, sigma: Any) -> Any:
         """This rank's part of player p's realisation plan (length L + 2)."""
@@ -294,13 +294,7 @@ class Solver:
 
     def average_local(self, p: int) -> Any:
         """Player p's average strategy on this rank's sequences."""
-        xp, part = self.xp, self.parts[p]
-        s = self.strategy_sum[p]
-        if part.L == 0:
-            return xp.zeros(0)
-        padded = xp.concatenate([s, xp.zeros(2)])
-        sums = padded[part.grid].sum(axis=1)[part.inf_of]
-        return xp.where(sums > 0, s / xp.where(sums > 0, sums, 1.0), part.uniform)
+        return self._normalise(p, self.strategy_sum[p])
 
     def _sum(self, value: float) -> float:
         if self.comm is None:
@@ -309,10 +303,14 @@ class Solver:
 
         return self.comm.allreduce(value, op=MPI.SUM)
 
+    def _average_plans(self) -> tuple[list[Any], list[Any]]:
+        """Both players' average strategies (local) and realisation plans (gathered)."""
+        avg = [self.average_local(p) for p in (0, 1)]
+        return avg, [self._gather(p, self._plan(p, avg[p])) for p in (0, 1)]
+
     def nash_conv(self) -> float:
         """NashConv of the average strategy: the sum of both best-response gains."""
-        avg = [self.average_local(p) for p in (0, 1)]
-        plans = [self._gather(p, self._plan(p, avg[p])) for p in (0, 1)]
+        avg, plans = self._average_plans()
         total = 0.0
         for p in (0, 1):
             q, _ = self._values(p, plans[1 - p], avg[p], best=True)
@@ -325,8 +323,7 @@ class Solver:
 
     def game_value(self) -> float:
         """Player 0's expected payoff when both play their average strategies."""
-        avg = [self.average_local(p) for p in (0, 1)]
-        plans = [self._gather(p, self._plan(p, avg[p])) for p in (0, 1)]
+        avg, plans = self._average_plans()
         q, _ = self._values(0, plans[1], avg[0])
         return self._sum(float(q[self.parts[0].L + 1]))
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .data import Dataset
+from .data import Dataset, epoch_order, strided_batches
 from .models import Model, SgdError
-from .train import EpochStats
+from .train import EpochStats, check_training
 
 __all__ = ["AsyncTrainer"]
 
@@ -49,12 +49,9 @@ class AsyncTrainer:
         self.comm = resolve_comm(comm) if comm is not None else None
         self.size = self.comm.Get_size() if self.comm is not None else 1
         self.rank = self.comm.Get_rank() if self.comm is not None else 0
-        if not lr > 0 or not np.isfinite(lr):
-            raise SgdError(f"learning rate must be a positive number, not {lr!r}")
+        check_training(lr, batch, data.y_train.size)
         if not clip > 0:
             raise SgdError(f"clipping norm must be positive, not {clip!r}")
-        if batch < 1 or batch > data.y_train.size:
-            raise SgdError(f"batch must be between 1 and the training rows, not {batch}")
         self.model, self.data, self.batch, self.lr, self.clip = model, data, batch, lr, clip
         self.seed = seed
         self.version = 0
@@ -67,9 +64,8 @@ class AsyncTrainer:
         return max(1, self.size - 1)
 
     def _batches(self, epoch: int, worker: int) -> list[np.ndarray]:
-        order = np.random.default_rng([self.seed, epoch]).permutation(self.data.y_train.size)
-        mine = order[worker :: self.workers]
-        return [mine[i : i + self.batch] for i in range(0, mine.size - self.batch + 1, self.batch)]
+        order = epoch_order(self.seed, epoch, self.data.y_train.size)
+        return strided_batches(order, worker, self.workers, self.batch)
 
     def _apply(self, grad: np.ndarray, stale: int) -> None:
         norm = float(np.linalg.norm(grad))

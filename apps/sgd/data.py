@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from .models import SgdError
 
-__all__ = ["Dataset", "load_dataset", "DATASETS"]
+__all__ = ["Dataset", "load_dataset", "DATASETS", "epoch_order", "strided_batches"]
 
 DATASETS = ("digits", "breast_cancer", "wine", "synthetic", "synthetic_sparse")
 
@@ -29,6 +30,20 @@ class Dataset:
     def n_features(self) -> int:
         """Columns of the feature matrix."""
         return int(self.x_train.shape[1])
+
+
+@functools.lru_cache(maxsize=2)
+def epoch_order(seed: int, epoch: int, rows: int) -> np.ndarray:
+    """The training rows' order in ``epoch`` (the same on every rank; computed once)."""
+    order = np.random.default_rng([seed, epoch]).permutation(rows)
+    order.flags.writeable = False
+    return order
+
+
+def strided_batches(order: np.ndarray, part: int, parts: int, batch: int) -> list[np.ndarray]:
+    """Part ``part`` of ``parts`` of an epoch (every parts-th row), in whole batches."""
+    mine = order[part::parts]
+    return [mine[i : i + batch] for i in range(0, mine.size - batch + 1, batch)]
 
 
 def _split(name: str, x: Any, y: np.ndarray, seed: int) -> Dataset:

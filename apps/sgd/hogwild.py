@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from .data import Dataset
-from .models import Model, SgdError
-from .train import EpochStats
+from .data import Dataset, epoch_order, strided_batches
+from .models import Model, output_delta
+from .train import EpochStats, check_training
 
 __all__ = ["HogwildTrainer"]
 
@@ -42,10 +42,7 @@ class HogwildTrainer:
         self, model: Model, data: Dataset, hierarchy: Any = None, *, batch: int = 16,
         lr: float = 0.1, seed: int = 0,
     ) -> None:  # fmt: skip
-        if not lr > 0 or not np.isfinite(lr):
-            raise SgdError(f"learning rate must be a positive number, not {lr!r}")
-        if batch < 1 or batch > data.y_train.size:
-            raise SgdError(f"batch must be between 1 and the training rows, not {batch}")
+        check_training(lr, batch, data.y_train.size)
         self.model, self.data, self.batch, self.lr, self.seed = model, data, batch, lr, seed
         self.h = hierarchy
         self.win = None
@@ -67,19 +64,15 @@ class HogwildTrainer:
             model.params = shared  # the layers are views computed from params at each use
 
     def _rows(self, epoch: int) -> list[np.ndarray]:
-        order = np.random.default_rng([self.seed, epoch]).permutation(self.data.y_train.size)
-        mine = order[self.rank :: self.size]
-        return [mine[i : i + self.batch] for i in range(0, mine.size - self.batch + 1, self.batch)]
+        order = epoch_order(self.seed, epoch, self.data.y_train.size)
+        return strided_batches(order, self.rank, self.size, self.batch)
 
     def _step(self, rows: np.ndarray, grad: np.ndarray) -> float:
         x, y = self.data.x_train[rows], self.data.y_train[rows]
         model = self.model
         if hasattr(x, "tocsr") and len(model.sizes) == 2:  # sparse softmax: touched rows only
             _, probs = model.forward(x)
-            n = rows.size
-            loss = -float(np.log(np.maximum(probs[np.arange(n), y], 1e-300)).sum())
-            probs[np.arange(n), y] -= 1.0
-            probs /= n
+            loss, probs = output_delta(probs, y, 1.0 / rows.size)
             features = np.unique(x.indices)
             w_slice, b_slice = model.slices[0]
             k = model.sizes[1]

@@ -16,7 +16,7 @@ import numpy as np
 
 from hpcpar.errors import HpcparError
 
-__all__ = ["SgdError", "Model", "make_model", "MODELS"]
+__all__ = ["SgdError", "Model", "make_model", "output_delta", "MODELS"]
 
 
 class SgdError(HpcparError):
@@ -95,11 +95,7 @@ class Model:
         (last layer first). ``x`` may be a dense array or a scipy CSR matrix.
         """
         acts, probs = self.forward(x)
-        n = probs.shape[0]
-        loss = -float(np.log(np.maximum(probs[np.arange(n), y], 1e-300)).sum())
-        delta = probs
-        delta[np.arange(n), y] -= 1.0
-        delta *= scale
+        loss, delta = output_delta(probs, y, scale)
         layers = self.layers(self.params)
         grads = self.layers(grad)
         for i in range(len(layers) - 1, -1, -1):
@@ -118,6 +114,18 @@ class Model:
         """Share of rows whose most probable class is ``y``."""
         _, probs = self.forward(x)
         return float((probs.argmax(axis=1) == y).mean())
+
+
+def output_delta(probs: np.ndarray, y: np.ndarray, scale: float) -> tuple[float, np.ndarray]:
+    """Summed cross-entropy of ``probs`` against ``y``, and its scaled output gradient.
+
+    The gradient is ``scale x`` d(loss)/d(softmax inputs); ``probs`` is overwritten with it.
+    """
+    rows = np.arange(probs.shape[0])
+    loss = -float(np.log(np.maximum(probs[rows, y], 1e-300)).sum())
+    probs[rows, y] -= 1.0
+    probs *= scale
+    return loss, probs
 
 
 MODELS = ("softmax", "mlp", "mlp2")

@@ -18,10 +18,27 @@ from typing import Any
 
 import numpy as np
 
-from .data import Dataset
+from .data import Dataset, epoch_order
 from .models import Model, SgdError
 
-__all__ = ["SyncTrainer", "EpochStats"]
+__all__ = ["SyncTrainer", "EpochStats", "check_training"]
+
+
+def check_training(lr: Any, batch: int, rows: int, ranks: int = 1) -> None:
+    """Check the learning rate and the batch size against the data and the ranks.
+
+    Raises:
+        SgdError: ``lr`` not a positive number, or ``batch`` not a multiple of ``ranks``
+            in ``1..rows`` (the training rows).
+    """
+    if not isinstance(lr, (int, float)) or not lr > 0 or not np.isfinite(lr):
+        raise SgdError(f"learning rate must be a positive number, not {lr!r}")
+    if batch < 1 or batch % ranks:
+        raise SgdError(
+            f"batch {batch} must be a positive multiple of the number of ranks ({ranks})"
+        )
+    if batch > rows:
+        raise SgdError(f"batch {batch} is larger than the training set ({rows})")
 
 
 @dataclass
@@ -77,20 +94,13 @@ class SyncTrainer:
             self.size, self.rank = resolved.Get_size(), resolved.Get_rank()
         else:
             self.size, self.rank = 1, 0
-        if not isinstance(lr, (int, float)) or not lr > 0 or not np.isfinite(lr):
-            raise SgdError(f"learning rate must be a positive number, not {lr!r}")
-        if batch < 1 or batch % self.size:
-            raise SgdError(
-                f"batch {batch} must be a positive multiple of the number of ranks ({self.size})"
-            )
+        check_training(lr, batch, data.y_train.size, self.size)
         if mode not in ("sync", "local"):
             raise SgdError(f"unknown mode {mode!r}; implemented: sync, local")
         if local_steps < 1:
             raise SgdError(f"local steps must be at least 1, not {local_steps}")
         if bucket_bytes < 8:
             raise SgdError(f"bucket size must be at least 8 bytes, not {bucket_bytes}")
-        if batch > data.y_train.size:
-            raise SgdError(f"batch {batch} is larger than the training set ({data.y_train.size})")
         self.model, self.data, self.batch, self.lr = model, data, batch, float(lr)
         self.bucket = max(1, bucket_bytes // 8)
         self.reproducible, self.seed = reproducible, seed
@@ -101,7 +111,7 @@ class SyncTrainer:
         self.comm_seconds = 0.0
 
     def _rows(self, epoch: int, index: int) -> np.ndarray:
-        order = np.random.default_rng([self.seed, epoch]).permutation(self.data.y_train.size)
+        order = epoch_order(self.seed, epoch, self.data.y_train.size)
         mine = self.batch // self.size
         start = index * self.batch + self.rank * mine
         return order[start : start + mine]
@@ -112,15 +122,11 @@ class SyncTrainer:
         requests: list[Any] = []
         edge = [model.n_params]  # the bucket being filled is [ready, edge)
 
-        def on_ready(start: int, stop: int) -> None:
-            if self.comm is None:
-                return
-            ready = start
-            while edge[0] - ready >= self.bucket:
+        def on_ready(ready: int, _stop: int) -> None:  # grad[ready:] is final
+            while self.comm is not None and edge[0] - ready >= self.bucket:
                 lo = edge[0] - self.bucket
                 requests.append(self._start(lo, edge[0]))
                 edge[0] = lo
-            del stop
 
         x, y = self.data.x_train[rows], self.data.y_train[rows]
         if self.mode == "local":  # local step on this rank's rows; average every H steps

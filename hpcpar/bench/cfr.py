@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .harness import Row
 from .registry import Benchmark, register
 
 __all__: list[str] = []
@@ -38,15 +39,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--budget", type=float, default=2.0, metavar="S", help="seconds per curve (default 2)"
     )
     parser.add_argument("--no-python-dcfr", action="store_true", help="skip OpenSpiel's DCFR")
-
-
-class _Row:
-    def __init__(self, doc: dict[str, Any]) -> None:
-        self.doc, self.valid = doc, doc.get("valid", True)
-        self.variant, self.size = doc["variant"], doc["game"]
-
-    def as_dict(self) -> dict[str, Any]:
-        return self.doc
 
 
 def _policy_gap(solver: Any, policy: Any) -> float:
@@ -179,7 +171,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
                 flush=True,
             )
             rows.append(
-                _Row(
+                Row(
                     {
                         "game": name,
                         "variant": label,
@@ -193,7 +185,8 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
                             {"iteration": i, "seconds": s, "exploitability": e}
                             for i, s, e in res["curve"]
                         ],
-                    }
+                    },
+                    size_key="game",
                 )
             )
     h.free()

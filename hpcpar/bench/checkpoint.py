@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .harness import format_size, parse_size, size_range
+from .harness import Row, _quartile_spread, format_size, parse_size, size_range
 from .registry import Benchmark, register
 
 __all__: list[str] = []
@@ -137,26 +137,20 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return all(np.array_equal(a[k]["w"], b[k]["w"]) for k in a)
 
 
-class _Row:
-    """One figure: a (size, variant) pair with its median, spread and ratio."""
-
-    def __init__(self, size: int, variant: str, times: list[float], **extra: Any) -> None:
-        q1, med, q3 = np.percentile(times, [25, 50, 75]) if times else (0, 0, 0)
-        self.size, self.variant, self.valid = size, variant, extra.pop("valid", True)
-        self.doc = {
-            "size": size,
-            "variant": variant,
-            "median_s": float(med),
-            "min_s": float(min(times)) if times else 0.0,
-            "max_s": float(max(times)) if times else 0.0,
-            "spread_pct": float(100 * (q3 - q1) / med) if med else 0.0,
-            "repeats": len(times),
-            "valid": self.valid,
-            **extra,
-        }
-
-    def as_dict(self) -> dict[str, Any]:
-        return self.doc
+def _row(size: int, variant: str, times: list[float], **extra: Any) -> Row:
+    """One figure: a (size, variant) pair with its median, extremes and spread."""
+    doc = {
+        "size": size,
+        "variant": variant,
+        "median_s": float(np.median(times)) if times else 0.0,
+        "min_s": float(min(times)) if times else 0.0,
+        "max_s": float(max(times)) if times else 0.0,
+        "spread_pct": _quartile_spread(times),
+        "repeats": len(times),
+        "valid": extra.pop("valid", True),
+        **extra,
+    }
+    return Row(doc)
 
 
 class _Bench:
@@ -165,13 +159,13 @@ class _Bench:
     def __init__(self, comm: Any, args: argparse.Namespace, work: Path, h: Any) -> None:
         self.comm, self.args, self.work, self.h = comm, args, work, h
         self.rank = comm.Get_rank()
-        self.rows: list[_Row] = []
+        self.rows: list[Row] = []
 
     def say(self, *text: Any, **kw: Any) -> None:
         if self.rank == 0:
             print(*text, **kw)
 
-    def emit(self, row: _Row, total: int, ratio: float | None, against: str) -> None:
+    def emit(self, row: Row, total: int, ratio: float | None, against: str) -> None:
         med = row.doc["median_s"]
         row.doc["gbps"] = total / med / 1e9 if med and total else None
         row.doc["ratio"], row.doc["ratio_against"] = ratio, against
@@ -246,11 +240,11 @@ class _Bench:
         roof = float(np.median(times["dd-roof"]))
         h5_time = float(np.median(times["h5py-sync"]))
         for name in ("dd-roof", "np.save+fsync", "h5py-sync", "hpcpar-flush"):
-            row = _Row(total, name, times[name], valid=ok or name != "hpcpar-flush")
+            row = _row(total, name, times[name], valid=ok or name != "hpcpar-flush")
             ratio = None if name == "dd-roof" else roof / row.doc["median_s"]
             self.emit(row, total, ratio, "dd-roof (GB/s ratio)")
         for name in ("hpcpar-stall", "hpcpar-stall-lazy"):
-            row = _Row(total, name, times[name], valid=ok)
+            row = _row(total, name, times[name], valid=ok)
             self.emit(row, 0, row.doc["median_s"] / h5_time, "h5py-sync")
         comm.Barrier()
         if rank == 0:
@@ -275,7 +269,7 @@ class _Bench:
             behind.append(_slowest(comm, compute))
             handle.wait()
         slow = float(np.median(behind) / np.median(alone))
-        self.emit(_Row(total, "compute+flush", behind), 0, slow, "compute alone")
+        self.emit(_row(total, "compute+flush", behind), 0, slow, "compute alone")
 
     def restores(self, total: int, state: dict[str, Any]) -> None:
         """Restore time per level (partner and xor rebuild a deleted node 0)."""
@@ -314,7 +308,7 @@ class _Bench:
                 shutil.rmtree(folder, ignore_errors=True)
         local_time = float(np.median(times["local"]))
         for level in order:
-            row = _Row(total, f"restore-{level}", times[level], valid=valid[level])
+            row = _row(total, f"restore-{level}", times[level], valid=valid[level])
             self.emit(row, total, row.doc["median_s"] / local_time, "restore-local")
 
 

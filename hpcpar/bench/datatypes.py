@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .harness import Variant, format_header, format_row, sweep
+from .harness import Row, Variant, format_header, format_row, sweep
 from .registry import Benchmark, register
 
 __all__: list[str] = []
@@ -242,19 +242,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         for m in rows:
             say(format_row(m))
             results.append({**m.as_dict(), "case": "halo"})
-    return [_Row(r) for r in results]
-
-
-class _Row:
-    """A result row the bench command can write (it reads ``valid`` and ``as_dict``)."""
-
-    def __init__(self, doc: dict[str, Any]) -> None:
-        self.doc = doc
-        self.valid = doc["valid"]
-        self.variant, self.size = doc["variant"], doc["size"]
-
-    def as_dict(self) -> dict[str, Any]:
-        return self.doc
+    return [Row(r) for r in results]
 
 
 register(

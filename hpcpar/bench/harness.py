@@ -31,6 +31,7 @@ __all__ = [
     "format_header",
     "format_row",
     "run_sweep",
+    "Row",
 ]
 
 _UNITS = {
@@ -138,6 +139,22 @@ def _max_op() -> Any:
     from mpi4py import MPI
 
     return MPI.MAX
+
+
+class Row:
+    """A result row of a benchmark that does not use ``sweep`` (a dict of figures).
+
+    ``hpcpar bench`` writes ``as_dict()`` and reports rows whose ``valid`` is false.
+    """
+
+    def __init__(self, doc: dict[str, Any], size_key: str = "size") -> None:
+        self.doc = doc
+        self.valid = bool(doc.get("valid", True))
+        self.variant, self.size = doc["variant"], doc[size_key]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures (for JSON and CSV)."""
+        return self.doc
 
 
 def _quartile_spread(values: Sequence[float]) -> float:
