@@ -32,7 +32,19 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reproducible", action="store_true", help="bitwise reductions")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (resumes)")
-    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="steps")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="steps between checkpoints (async and hogwild: epochs, saved at epoch ends)",
+    )
+    parser.add_argument(
+        "--progress",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="progress bar on rank 0 (auto: when stdout is a terminal)",
+    )
     parser.add_argument("--out", metavar="FILE", help="results JSON; also FILE.csv, FILE.png")
     add_layout_argument(parser)
 
@@ -52,50 +64,45 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     data = load_dataset(args.dataset, args.seed)
     model = make_model(args.model, data.n_features, data.n_classes, args.hidden, args.seed)
     h = Hierarchy(comm, layout=args.layout)
-    if args.mode in ("async", "hogwild") and args.checkpoint:
-        raise UsageError("sgd: --checkpoint works with the sync and local modes")
+    ck, step, epoch, start = _resume(args, h, model)
     trainer = _trainer(args, model, data, h)
+    trainer.step = step
     say(
         f"# hpcpar sgd: {args.model} ({model.n_params} parameters) on {args.dataset} "
         f"({data.y_train.size} training rows), mode {args.mode}, {comm.Get_size()} rank(s), "
         f"global batch {args.batch}, lr {args.lr}"
     )
-    ck, epoch, start = None, 0, 0
-    if args.checkpoint:
-        from hpcpar.checkpoint import Checkpointer
+    if step:
+        say(f"# resumed at step {step} (epoch {epoch}, batch {start})")
+    per_epoch = args.mode in ("async", "hogwild")  # these modes meet only at epoch ends
+    progress = _Progress(args, comm.Get_rank() == 0 and not per_epoch)
 
-        ck = Checkpointer(args.checkpoint, comm=h, levels=["memory", "local"])
-        if ck.versions():
-            _, state = ck.restore()
-            model.params[:] = state["params"]
-            trainer.step, epoch, start = state["step"], state["epoch"], state["next"]
-            say(f"# resumed at step {trainer.step} (epoch {epoch}, batch {start})")
+    def save(e: int, index: int, last: bool) -> None:
+        state = {"params": model.params, "step": trainer.step,
+                 "epoch": e + 1 if last else e, "next": 0 if last else index + 1}  # fmt: skip
+        ck.save(trainer.step, state)
+
+    def due() -> bool:
+        return bool(ck and args.checkpoint_every and trainer.step % args.checkpoint_every == 0)
 
     def after_step(e: int, index: int) -> None:
-        if ck is not None and args.checkpoint_every and trainer.step % args.checkpoint_every == 0:
-            last = index + 1 == trainer.steps_per_epoch
-            state = {"params": model.params, "step": trainer.step,
-                     "epoch": e + 1 if last else e, "next": 0 if last else index + 1}  # fmt: skip
-            ck.save(trainer.step, state)
+        progress.show(e, index + 1, trainer.steps_per_epoch)
+        if due():
+            save(e, index, index + 1 == trainer.steps_per_epoch)
 
     rows = []
     try:
         for e in range(epoch, args.epochs):
-            if args.mode in ("async", "hogwild"):
+            if per_epoch:
                 stats = trainer.epoch(e)
+                trainer.step += 1
+                if due() and e + 1 < args.epochs:
+                    save(e, 0, True)
             else:
                 stats = trainer.epoch(e, start, after_step)
             start = 0
-            row = {
-                "epoch": e + 1,
-                "loss": stats.loss,
-                "test_accuracy": stats.test_accuracy,
-                "seconds": stats.seconds,
-                "samples_per_s": stats.samples_per_s,
-                "comm_seconds": stats.comm_seconds,
-                **stats.extra,
-            }
-            rows.append(row)
+            rows.append(_row(e, stats))
+            progress.clear()
             say(
                 f"  epoch {e + 1:4d}  loss {stats.loss:.4f}  test accuracy "
                 f"{stats.test_accuracy:.4f}  {stats.samples_per_s:10.0f} samples/s",
@@ -109,6 +116,69 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     _write(comm, args, rows, model)
     h.free()
     return 0
+
+
+def _resume(args: argparse.Namespace, h: Any, model: Any) -> tuple[Any, int, int, int]:
+    """The checkpointer (or ``None``) and the step, epoch and batch to start from.
+
+    The parameters are restored before the trainer exists (hogwild shares them).
+    """
+    if not args.checkpoint:
+        return None, 0, 0, 0
+    from hpcpar.checkpoint import Checkpointer
+
+    ck = Checkpointer(args.checkpoint, comm=h, levels=["memory", "local"])
+    if not ck.versions():
+        return ck, 0, 0, 0
+    _, state = ck.restore()
+    model.params[:] = state["params"]
+    return ck, int(state["step"]), int(state["epoch"]), int(state["next"])
+
+
+def _row(e: int, stats: Any) -> dict[str, Any]:
+    """One epoch's line of the CSV."""
+    return {
+        "epoch": e + 1,
+        "loss": stats.loss,
+        "test_accuracy": stats.test_accuracy,
+        "seconds": stats.seconds,
+        "samples_per_s": stats.samples_per_s,
+        "comm_seconds": stats.comm_seconds,
+        **stats.extra,
+    }
+
+
+class _Progress:
+    """A one-line progress bar on rank 0 (steps of the epoch, rate), redrawn in place."""
+
+    def __init__(self, args: argparse.Namespace, enabled: bool) -> None:
+        import sys
+        import time
+
+        tty = sys.stdout.isatty()
+        self.on = enabled and (args.progress == "on" or (args.progress == "auto" and tty))
+        self.epochs, self.clock, self.t0, self.last = args.epochs, time.perf_counter, 0.0, 0.0
+        self.width = 0
+
+    def show(self, epoch: int, done: int, steps: int) -> None:
+        if not self.on:
+            return
+        now = self.clock()
+        if done == 1:
+            self.t0 = now
+        if now - self.last < 0.1 and done < steps:
+            return
+        self.last = now
+        bar = "#" * (24 * done // steps)
+        rate = (done - 1) / (now - self.t0) if now > self.t0 else 0.0
+        line = f"\r  epoch {epoch + 1}/{self.epochs} [{bar:24s}] {done}/{steps} {rate:8.0f} steps/s"
+        self.width = len(line)
+        print(line, end="", flush=True)
+
+    def clear(self) -> None:
+        if self.on and self.width:
+            print("\r" + " " * self.width + "\r", end="", flush=True)
+            self.width = 0
 
 
 def _trainer(args: argparse.Namespace, model: Any, data: Any, h: Any) -> Any:
@@ -177,5 +247,10 @@ def _plot(rows: list[dict[str, Any]], path: str) -> None:
 
 
 register(
-    Command("sgd", "data-parallel SGD on numpy models (sync or local SGD)", _add_arguments, _run)
+    Command(
+        "sgd",
+        "data-parallel SGD on numpy models (sync, local, async, hogwild)",
+        _add_arguments,
+        _run,
+    )
 )

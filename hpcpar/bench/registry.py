@@ -16,6 +16,7 @@ BUILTIN_MODULES = (
     "hpcpar.bench.datatypes",
     "hpcpar.bench.checkpoint",
     "hpcpar.bench.cfr",
+    "hpcpar.bench.sgd",
 )
 
 

@@ -59,25 +59,37 @@ def test_bad_input():
         make_model("cnn", 4, 2)
 
 
-def test_killed_training_resumes_to_the_same_model(tmp_path):
+# (mode, checkpoint every K, killed after checkpoint step, where it resumes): sync counts
+# steps; async and hogwild count epochs. Two ranks on two virtual nodes keep async (one
+# worker) and hogwild (one rank per node) deterministic, so resuming must be bitwise.
+RESUMES = [
+    ("sync", "5", "15", "# resumed at step 15 (epoch 1, batch 7)"),
+    ("async", "1", "2", "# resumed at step 2 (epoch 2, batch 0)"),
+    ("hogwild", "1", "2", "# resumed at step 2 (epoch 2, batch 0)"),
+]
+
+
+@pytest.mark.parametrize(("mode", "every", "kill", "resumed"), RESUMES)
+def test_killed_training_resumes_to_the_same_model(tmp_path, mode, every, kill, resumed):
     import sys
 
     from launching import clean_env, launch
 
     def train(out, *extra, env=None):
         args = ["-m", "hpcpar", "sgd", "--dataset", "wine", "--model", "mlp", "--hidden", "8"]
-        args += ["--epochs", "4", "--batch", "16", "--lr", "0.05", "--out", str(out), *extra]
+        args += ["--epochs", "4", "--batch", "16", "--lr", "0.05", "--mode", mode]
+        args += ["--out", str(out), *extra]
         return launch(2, sys.executable, *args, layout="ppn:1", env=env)
 
     plain = train(tmp_path / "plain.json")
     assert plain.returncode == 0, plain.stderr
-    ck = ["--checkpoint", str(tmp_path / "ck"), "--checkpoint-every", "5"]
-    fault = clean_env(HPCPAR_CHECKPOINT_FAULT="kill=after-commit,step=15,rank=1")
+    ck = ["--checkpoint", str(tmp_path / "ck"), "--checkpoint-every", every]
+    fault = clean_env(HPCPAR_CHECKPOINT_FAULT=f"kill=after-commit,step={kill},rank=1")
     crashed = train(tmp_path / "resumed.json", *ck, env=fault)
     assert crashed.returncode != 0 and not (tmp_path / "resumed.npy").exists()
     again = train(tmp_path / "resumed.json", *ck)
     assert again.returncode == 0, again.stderr
-    assert "# resumed at step 15" in again.stdout
+    assert resumed in again.stdout
     assert np.array_equal(np.load(tmp_path / "plain.npy"), np.load(tmp_path / "resumed.npy"))
 
 

@@ -161,3 +161,52 @@ def test_cfr_benchmark_end_to_end(comm, tmp_path, capsys):
         for r in rows:
             curve = r["curve"]
             assert curve[-1]["exploitability"] <= curve[0]["exploitability"]
+
+
+def _sgd_rows(comm, tmp_path, extra):
+    prefix = comm.bcast(str(tmp_path / "sgd"), root=0)
+    args = ["bench", "sgd", "--epochs", "2", "--repeats", "1", "--target", "0.5", "--batch", "60"]
+    args += extra  # a global batch of 60 divides among 1, 2, 3 and 4 ranks
+    status = main([*args, "--output", prefix])
+    assert_all(status == 0, "benchmark failed", comm)
+    rows = json.loads(open(prefix + ".json").read())["results"] if comm.Get_rank() == 0 else None
+    return comm.bcast(rows, root=0)
+
+
+@pytest.mark.mpi
+def test_sgd_benchmark_modes_and_sklearn_peer(comm, tmp_path):
+    pytest.importorskip("sklearn", reason="digits and the SGDClassifier peer need scikit-learn")
+    rows = _sgd_rows(comm, tmp_path, ["--model", "softmax", "--modes", "sync,local", "--no-torch"])
+    by = {r["variant"]: r for r in rows}
+    expect = {"hpcpar-sync", "hpcpar-local", "sklearn-sgdclassifier"}
+    if comm.Get_size() > 1:
+        expect.add("hpcpar-sync@1")
+        assert by["hpcpar-sync"]["scaling_efficiency"] > 0
+        assert by["hpcpar-sync"]["overlap"] is None or 0 <= by["hpcpar-sync"]["overlap"] <= 1
+    assert set(by) == expect
+    assert by["hpcpar-sync"]["vs_peer"] == 1.0  # without torch the peer is hpcpar's sync
+    for r in rows:  # every one learns digits (10 classes) well beyond chance in 2 epochs
+        assert r["valid"] and r["final_test_accuracy"] > 0.8, r
+        assert r["samples_per_s_min"] <= r["samples_per_s_median"] <= r["samples_per_s_max"]
+        assert r["time_to_target_s"] is not None and 0 <= r["comm_share"] < 1
+    # same model, data order, batch and step: sync at any rank count = sync on one rank
+    if comm.Get_size() > 1:
+        assert by["hpcpar-sync"]["final_loss"] == pytest.approx(by["hpcpar-sync@1"]["final_loss"])
+
+
+@pytest.mark.mpi
+def test_sgd_benchmark_torch_ddp_trains_the_same_model(comm, tmp_path):
+    pytest.importorskip("torch", reason="the DDP peer needs torch (pip install torch)")
+    pytest.importorskip("sklearn", reason="digits needs scikit-learn")
+    rows = _sgd_rows(comm, tmp_path, ["--modes", "sync", "--hidden", "16"])
+    by = {r["variant"]: r for r in rows}
+    assert by["torch-ddp-gloo"]["vs_peer"] == 1.0
+    # the same network, initial weights, batches and step size: the same losses
+    assert by["torch-ddp-gloo"]["final_loss"] == pytest.approx(
+        by["hpcpar-sync"]["final_loss"], rel=1e-9
+    )
+
+
+def test_sgd_benchmark_rejects_bad_modes(capsys):
+    assert main(["bench", "sgd", "--modes", "sync,bogus", "--no-torch"]) == 2
+    assert "--modes takes sync, local, async, hogwild" in capsys.readouterr().err

@@ -1,0 +1,383 @@
+"""``hpcpar bench sgd``: samples/s and time to a target accuracy, against torch DDP (gloo).
+
+In one job, for the model and data chosen: hpcpar's SGD modes (``sync``, ``local``,
+``async``, ``hogwild``) on every rank, ``sync`` again on rank 0 alone (for the scaling
+efficiency), PyTorch's ``DistributedDataParallel`` over gloo training the same network
+(same layers, tanh, float64, the same initial weights, global batch, learning rate and
+data order) on every rank, and, for the linear model, scikit-learn's ``SGDClassifier``
+on rank 0. Variants are interleaved over ``--repeats`` runs of ``--epochs`` epochs.
+
+Figures per variant: samples/s (median over every timed epoch, min, max and the
+quartile spread), time to ``--target`` test accuracy (median over the runs; training
+seconds only, evaluation excluded), the share of time spent waiting for communication,
+and for ``sync`` the overlap achieved: ``1 - exposed wait / blocking allreduce time``,
+where the blocking time is measured in the same run on the same buckets. The ratio is
+the variant's samples/s over torch DDP's (higher is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import socket
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from .harness import Row, _quartile_spread
+from .registry import Benchmark, register
+
+__all__: list[str] = []
+
+MODES = ("sync", "local", "async", "hogwild")
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(repeats=2)
+    parser.add_argument("--dataset", default="digits", help="an hpcpar sgd dataset (digits)")
+    parser.add_argument("--model", default="mlp", help="softmax, mlp or mlp2 (default mlp)")
+    parser.add_argument("--hidden", type=int, default=64, help="hidden width (default 64)")
+    parser.add_argument("--modes", default=",".join(MODES), help="hpcpar modes to run")
+    parser.add_argument("--epochs", type=int, default=10, help="epochs per run (default 10)")
+    parser.add_argument("--batch", type=int, default=64, help="global batch (default 64)")
+    parser.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
+    parser.add_argument("--bucket-mib", type=float, default=25.0, help="sync buckets (25)")
+    parser.add_argument(
+        "--target", type=float, default=0.95, help="test accuracy to reach (default 0.95)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="BLAS/torch threads per rank (default: cores/ranks)"
+    )
+    parser.add_argument("--no-torch", action="store_true", help="skip the torch DDP peer")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _idle_barrier(comm: Any) -> None:
+    """A barrier that sleeps while it waits (idle ranks must not steal the cores)."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.002)
+
+
+def _torch_group(comm: Any) -> Any:
+    """Start torch.distributed (gloo) over the job's ranks; ``None`` without torch."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if dist.is_initialized():
+        return dist
+    from datetime import timedelta
+
+    address = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        host = socket.gethostname()
+        try:
+            address = (socket.gethostbyname(host), port)
+        except OSError:
+            address = ("127.0.0.1", port)
+    address = comm.bcast(address, root=0)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address[0], str(address[1])
+    dist.init_process_group(
+        "gloo", rank=comm.Get_rank(), world_size=comm.Get_size(), timeout=timedelta(seconds=120)
+    )
+    return dist
+
+
+class _TorchRun:
+    """Torch DDP training of the same network: ``epoch(e)`` -> (loss, seconds, samples)."""
+
+    def __init__(self, model: Any, data: Any, comm: Any, args: argparse.Namespace) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        layers: list[Any] = []
+        for i, (w, b) in enumerate(model.layers(model.params)):
+            lin = torch.nn.Linear(w.shape[0], w.shape[1]).double()
+            with torch.no_grad():
+                lin.weight.copy_(torch.from_numpy(w.T.copy()))
+                lin.bias.copy_(torch.from_numpy(b.copy()))
+            layers.append(lin)
+            if i < len(model.sizes) - 2:
+                layers.append(torch.nn.Tanh())
+        self.net = torch.nn.Sequential(*layers)
+        self.ddp = DistributedDataParallel(self.net, bucket_cap_mb=args.bucket_mib)
+        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=args.lr)
+        self.torch, self.data, self.comm = torch, data, comm
+        self.batch, self.seed = args.batch, args.seed
+        self.size, self.rank = comm.Get_size(), comm.Get_rank()
+        self.x = torch.from_numpy(np.ascontiguousarray(data.x_train))
+        self.y = torch.from_numpy(data.y_train.astype(np.int64))
+
+
+def _torch_epoch(run: _TorchRun, e: int) -> tuple[float, float, int]:
+    """One epoch of torch DDP on the same global batches as hpcpar's sync mode."""
+    from hpcpar.apps.sgd.data import epoch_order
+
+    torch = run.torch
+    f = torch.nn.functional
+    n = run.data.y_train.size
+    order = epoch_order(run.seed, e, n)
+    mine = run.batch // run.size
+    steps = n // run.batch
+    loss_sum = 0.0
+    t0 = time.perf_counter()
+    for index in range(steps):
+        rows = torch.from_numpy(order[index * run.batch + run.rank * mine :][:mine].copy())
+        out = run.ddp(run.x[rows])
+        loss = f.cross_entropy(out, run.y[rows])  # mean over mine rows; DDP averages ranks
+        run.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        run.opt.step()
+        loss_sum += loss.detach().item() * mine
+    seconds = time.perf_counter() - t0
+    return loss_sum, seconds, steps * run.batch
+
+
+def _torch_accuracy(run: _TorchRun) -> float:
+    torch = run.torch
+    with torch.no_grad():
+        out = run.net(torch.from_numpy(np.ascontiguousarray(run.data.x_test)))
+        return float((out.argmax(dim=1).numpy() == run.data.y_test).mean())
+
+
+def _hpcpar_trainer(mode: str, model: Any, data: Any, h: Any, args: argparse.Namespace) -> Any:
+    from hpcpar.apps.sgd.async_ps import AsyncTrainer
+    from hpcpar.apps.sgd.hogwild import HogwildTrainer
+    from hpcpar.apps.sgd.train import SyncTrainer
+
+    size = h.comm.Get_size() if h is not None else 1
+    if mode == "async":
+        workers = max(1, size - 1)
+        return AsyncTrainer(model, data, h, batch=max(1, args.batch // workers), lr=args.lr,
+                            seed=args.seed)  # fmt: skip
+    if mode == "hogwild":
+        return HogwildTrainer(model, data, h, batch=max(1, args.batch // size), lr=args.lr,
+                              seed=args.seed)  # fmt: skip
+    return SyncTrainer(model, data, h, batch=args.batch, lr=args.lr, mode=mode,
+                       bucket_bytes=int(args.bucket_mib * 2**20), seed=args.seed)  # fmt: skip
+
+
+def _blocking_allreduce_s(trainer: Any, steps: int) -> float:
+    """Seconds per step of the sync trainer's buckets reduced one after another, blocking."""
+    import hpcpar
+
+    if trainer.comm is None:
+        return 0.0
+    n, b = trainer.model.n_params, trainer.bucket
+    edges = [*range(n, 0, -b), 0]
+    reps = max(3, min(steps, 50))
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        for hi, lo in itertools.pairwise(edges):
+            hpcpar.allreduce(trainer.grad[max(lo, 0) : hi], out=trainer.reduced[max(lo, 0) : hi],
+                             comm=trainer.comm)  # fmt: skip
+    return (time.perf_counter() - t0) / reps
+
+
+def _train(variant: str, args: argparse.Namespace, comm: Any, h: Any, data: Any) -> dict:
+    """One run of ``variant``: per-epoch figures (identical on every rank)."""
+    from hpcpar.apps.sgd.models import make_model
+
+    model = make_model(args.model, data.n_features, data.n_classes, args.hidden, args.seed)
+    epochs: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {}
+    if variant == "torch-ddp-gloo":
+        run = _TorchRun(model, data, comm, args)
+        for e in range(args.epochs):
+            loss, seconds, samples = _torch_epoch(run, e)
+            seconds = comm.allreduce(seconds, op=_max())
+            loss = comm.allreduce(loss) / samples
+            epochs.append({"seconds": seconds, "samples": samples, "loss": loss,
+                           "accuracy": _torch_accuracy(run), "comm_seconds": 0.0})  # fmt: skip
+        return {"epochs": epochs, **extra}
+    if variant == "sklearn-sgdclassifier":
+        return _sklearn(model, data, args)
+    mode = variant.removeprefix("hpcpar-").removesuffix("@1")
+    alone = variant.endswith("@1")
+    trainer = _hpcpar_trainer(mode, model, data, None if alone else h, args)
+    try:
+        for e in range(args.epochs):
+            st = trainer.epoch(e)
+            epochs.append({"seconds": st.seconds, "samples": st.samples_per_s * st.seconds,
+                           "loss": st.loss, "accuracy": st.test_accuracy,
+                           "comm_seconds": st.comm_seconds})  # fmt: skip
+            if not alone and mode in ("sync", "local"):
+                epochs[-1]["seconds"] = comm.allreduce(st.seconds, op=_max())
+                epochs[-1]["comm_seconds"] = comm.allreduce(st.comm_seconds, op=_max())
+        if mode == "sync" and not alone and comm.Get_size() > 1:
+            extra["blocking_allreduce_s_per_step"] = comm.allreduce(
+                _blocking_allreduce_s(trainer, trainer.steps_per_epoch), op=_max()
+            )
+            extra["steps_per_epoch"] = trainer.steps_per_epoch
+    finally:
+        if mode == "hogwild":
+            trainer.free()
+    return {"epochs": epochs, **extra}
+
+
+def _sklearn(model: Any, data: Any, args: argparse.Namespace) -> dict:
+    """scikit-learn's SGDClassifier (log loss, constant step, one pass per epoch)."""
+    from sklearn.linear_model import SGDClassifier
+
+    clf = SGDClassifier(loss="log_loss", learning_rate="constant", eta0=args.lr, alpha=0.0,
+                        random_state=args.seed)  # fmt: skip
+    classes = np.arange(data.n_classes)
+    rng = np.random.default_rng(args.seed)
+    epochs = []
+    for _ in range(args.epochs):
+        order = rng.permutation(data.y_train.size)
+        x, y = data.x_train[order], data.y_train[order]
+        t0 = time.perf_counter()
+        clf.partial_fit(x, y, classes=classes)
+        seconds = time.perf_counter() - t0
+        proba = np.clip(clf.predict_proba(data.x_train), 1e-12, 1.0)
+        loss = float(-np.log(proba[np.arange(y.size), data.y_train]).mean())
+        epochs.append({"seconds": seconds, "samples": y.size, "loss": loss,
+                       "accuracy": float(clf.score(data.x_test, data.y_test)),
+                       "comm_seconds": 0.0})  # fmt: skip
+    return {"epochs": epochs}
+
+
+def _max() -> Any:
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def _summary(variant: str, runs: list[dict], args: argparse.Namespace, ranks: int) -> dict:
+    rates = [ep["samples"] / ep["seconds"] for run in runs for ep in run["epochs"]]
+    to_target = []
+    for run in runs:
+        clock = 0.0
+        for ep in run["epochs"]:
+            clock += ep["seconds"]
+            if ep["accuracy"] >= args.target:
+                to_target.append(clock)
+                break
+    seconds = sum(ep["seconds"] for run in runs for ep in run["epochs"])
+    waited = sum(ep["comm_seconds"] for run in runs for ep in run["epochs"])
+    last = runs[-1]["epochs"][-1]
+    doc: dict[str, Any] = {
+        "variant": variant,
+        "ranks": 1 if variant.endswith("@1") or variant.startswith("sklearn") else ranks,
+        "dataset": args.dataset,
+        "model": args.model,
+        "samples_per_s_median": statistics.median(rates),
+        "samples_per_s_min": min(rates),
+        "samples_per_s_max": max(rates),
+        "spread_pct": _quartile_spread(rates),
+        "time_to_target_s": statistics.median(to_target) if len(to_target) == len(runs) else None,
+        "final_loss": last["loss"],
+        "final_test_accuracy": last["accuracy"],
+        "comm_share": waited / seconds if seconds > 0 else 0.0,
+        "valid": bool(np.isfinite(last["loss"])),
+    }
+    if "blocking_allreduce_s_per_step" in runs[-1]:
+        steps = runs[-1]["steps_per_epoch"] * len(runs[-1]["epochs"]) * len(runs)
+        blocking = statistics.median(r["blocking_allreduce_s_per_step"] for r in runs)
+        exposed = waited / steps
+        doc["blocking_allreduce_s_per_step"] = blocking
+        doc["exposed_wait_s_per_step"] = exposed
+        doc["overlap"] = min(1.0, max(0.0, 1.0 - exposed / blocking)) if blocking > 0 else None
+    return doc
+
+
+def _run(comm: Any, args: argparse.Namespace) -> list[Any]:  # noqa: PLR0912, PLR0915
+    from threadpoolctl import threadpool_limits
+
+    from hpcpar.apps.sgd.data import load_dataset
+
+    from ..errors import UsageError
+    from ..runtime.results import mpi_library
+    from ..topology import Hierarchy
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        raise UsageError(f"bench sgd: --modes takes {', '.join(MODES)}, not {args.modes!r}")
+    if args.epochs < 1 or args.repeats < 1 or not 0 < args.target <= 1:
+        raise UsageError("bench sgd: --epochs, --repeats >= 1 and 0 < --target <= 1")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    say = print if rank == 0 else (lambda *a, **k: None)
+    data = load_dataset(args.dataset, args.seed)
+    h = Hierarchy(comm, layout=args.layout)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // h.node.Get_size())
+    variants = [f"hpcpar-{m}" for m in modes]
+    if size > 1 and "sync" in modes:
+        variants.append("hpcpar-sync@1")
+    dist = None if args.no_torch else _torch_group(comm)
+    if dist is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+        variants.append("torch-ddp-gloo")
+    if args.model == "softmax" and not hasattr(data.x_train, "tocsr"):
+        variants.append("sklearn-sgdclassifier")
+    peer = "torch-ddp-gloo" if dist is not None else variants[0]
+    say(
+        f"# hpcpar bench sgd: {args.model} (hidden {args.hidden}) on {args.dataset}, "
+        f"{size} rank(s) (layout {args.layout or 'real'}), {threads} thread(s) per rank; "
+        f"{mpi_library()}; global batch {args.batch}, lr {args.lr}, {args.epochs} epochs x "
+        f"{args.repeats} runs; peer {peer}"
+        + ("" if dist is not None else " (torch not installed: pip install torch)")
+    )
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    with threadpool_limits(limits=threads):
+        for _ in range(args.repeats):
+            for variant in variants:
+                on_rank0 = variant.endswith("@1") or variant.startswith("sklearn")
+                if on_rank0:
+                    result = _train(variant, args, comm, h, data) if rank == 0 else None
+                    _idle_barrier(comm)
+                    result = comm.bcast(result, root=0)
+                else:
+                    result = _train(variant, args, comm, h, data)
+                runs[variant].append(result)
+    docs = [_summary(v, runs[v], args, size) for v in variants]
+    base = next(d for d in docs if d["variant"] == peer)["samples_per_s_median"]
+    alone = next((d for d in docs if d["variant"] == "hpcpar-sync@1"), None)
+    say(f"# {'variant':22s} {'ranks':>5s} {'samples/s':>11s} {'min':>10s} {'max':>10s} "
+        f"{'spread%':>7s} {'vs peer':>7s} {'to target s':>11s} {'acc':>6s} {'comm%':>6s} "
+        f"{'overlap':>7s}")  # fmt: skip
+    rows = []
+    for d in docs:
+        d["vs_peer"] = d["samples_per_s_median"] / base
+        if d["variant"] == "hpcpar-sync" and alone is not None:
+            d["scaling_efficiency"] = d["samples_per_s_median"] / (
+                size * alone["samples_per_s_median"]
+            )
+        tt = d["time_to_target_s"]
+        ov = d.get("overlap")
+        say(
+            f"  {d['variant']:22s} {d['ranks']:5d} {d['samples_per_s_median']:11.0f} "
+            f"{d['samples_per_s_min']:10.0f} {d['samples_per_s_max']:10.0f} "
+            f"{d['spread_pct']:7.1f} {d['vs_peer']:7.2f} "
+            f"{'-' if tt is None else f'{tt:.3f}':>11s} {d['final_test_accuracy']:6.3f} "
+            f"{100 * d['comm_share']:6.1f} {'-' if ov is None else f'{ov:.2f}':>7s}",
+            flush=True,
+        )
+        rows.append(Row(d, size_key="ranks"))
+    if alone is not None and rank == 0:
+        eff = next(d for d in docs if d["variant"] == "hpcpar-sync")["scaling_efficiency"]
+        print(f"# sync scaling efficiency 1 -> {size} ranks: {eff:.2f}", flush=True)
+    h.free()
+    if dist is not None:
+        dist.destroy_process_group()
+    return rows
+
+
+register(
+    Benchmark(
+        "sgd",
+        "SGD modes: samples/s and time to accuracy, against torch DDP (gloo) and sklearn",
+        _add_arguments,
+        _run,
+        peer="torch-ddp-gloo",
+    )
+)
