@@ -28,6 +28,7 @@ BUILTIN_MODULES = (
     "hpcpar.cli.checkpoint",
     "hpcpar.apps.cfr.cli",
     "hpcpar.apps.sgd.cli",
+    "hpcpar.apps.sat.cli",
     "hpcpar.bench.command",
 )
 
