@@ -5,8 +5,9 @@ receive posted for a stop message (nonblocking), so a rank stops at most
 ``check_every`` flips after the message reaches it. A rank whose chunk satisfies
 every clause verifies the model with ``check_model`` (independent of the search's
 counters), sends stop to every other rank and stops. Then all ranks agree on the
-winners (more than one may finish in the same chunk); the lowest winning rank's model
-is broadcast, so it is reported once; every stop message sent is received (no message
+winners (more than one may finish in the same chunk); the model of the winner with the
+fewest flips (the first to get there; ties to the lower rank) is broadcast, so it is
+reported once; every stop message sent is received (no message
 is left behind) before the private communicator is freed. A timeout (each rank's own
 clock, from a common start) or a flip limit ends the race with no model: UNKNOWN.
 """
@@ -132,7 +133,8 @@ def portfolio(
     _drain(comm, stop, note, len(winners) - (1 if found else 0))
     MPI.Request.Waitall(sends)
     model = None
-    winner = min(winners) if winners else -1
+    # several ranks may finish within one chunk: the one with fewest flips got there first
+    winner = min(winners, key=lambda r: (everyone[r]["flips"], r)) if winners else -1
     if winner >= 0:
         buf = ls.a.copy() if rank == winner else np.empty(cnf.n_vars, dtype=np.uint8)
         comm.Bcast(buf, root=winner)

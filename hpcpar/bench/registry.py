@@ -17,6 +17,7 @@ BUILTIN_MODULES = (
     "hpcpar.bench.checkpoint",
     "hpcpar.bench.cfr",
     "hpcpar.bench.sgd",
+    "hpcpar.bench.sat",
 )
 
 

@@ -210,3 +210,42 @@ def test_sgd_benchmark_torch_ddp_trains_the_same_model(comm, tmp_path):
 def test_sgd_benchmark_rejects_bad_modes(capsys):
     assert main(["bench", "sgd", "--modes", "sync,bogus", "--no-torch"]) == 2
     assert "--modes takes sync, local, async, hogwild" in capsys.readouterr().err
+
+
+FAKE_PROBSAT = """#!/bin/sh
+# prints what probSAT prints (its statistics block), for the parser
+echo "c numFlips                      : 1234"
+echo "c flips/sec                     : 5000000"
+echo "c CPU Time                      : 0.0100"
+echo "s SATISFIABLE"
+"""
+
+
+@pytest.mark.mpi
+def test_sat_benchmark_end_to_end(comm, tmp_path):
+    import os
+
+    prefix = comm.bcast(str(tmp_path / "sat"), root=0)
+    fake = comm.bcast(str(tmp_path / "probSAT"), root=0)
+    if comm.Get_rank() == 0:
+        Path(fake).write_text(FAKE_PROBSAT)
+        os.chmod(fake, 0o755)
+    comm.Barrier()
+    args = ["bench", "sat", "--sizes", "50", "--seeds", "3", "--repeats", "2", "--flips", "20000"]
+    args += ["--portfolio-runs", "3", "--peer-binary", fake, "--output", prefix]
+    assert_all(main(args) == 0, "benchmark failed", comm)
+    if comm.Get_rank() == 0:
+        rows = json.loads(open(prefix + ".json").read())["results"]
+        by = {r["variant"]: r for r in rows}
+        ours, peer = by["hpcpar"], by["probsat-c"]
+        assert ours["solved"] == ours["runs"] == 3 and ours["flips_per_s"]["median"] > 0
+        assert peer["flips_per_s"]["median"] == pytest.approx(1234 / 0.01)  # parsed
+        assert ours["flips_per_s_vs_peer"] == pytest.approx(
+            ours["flips_per_s"]["median"] / peer["flips_per_s"]["median"]
+        )
+        if comm.Get_size() > 1:
+            p = by["hpcpar-portfolio"]
+            assert p["ranks"] == comm.Get_size() and p["runs"] == 3
+            assert p["predicted"]["exponential"] == pytest.approx(comm.Get_size())
+        else:
+            assert "hpcpar-portfolio" not in by

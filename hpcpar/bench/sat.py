@@ -1,0 +1,248 @@
+"""``hpcpar bench sat``: flips/s and time to solution against probSAT's C solver.
+
+The peer is the probSAT C program (Balint's SC13 code) built from its public source
+outside the repository and named with ``--peer-binary``; without it only hpcpar is
+measured. Per size n (uniform random 3-SAT at ``--ratio``, the first instance seed
+whose formula hpcpar's probSAT solves within ``--budget`` flips with a seed outside the
+measured ones, so both solvers get the same satisfiable instance):
+
+- flips/s: ``--repeats`` runs of ``--flips`` flips each (seeds interleaved between
+  the two solvers) on an instance of that size at ratio + 0.25 (almost surely
+  unsatisfiable: every run does all its flips); the peer's figure is its own
+  (flips / CPU time of the search), ours is flips / search seconds;
+- time to solution: ``--seeds`` seeded runs each; the medians of the search time
+  (ours: the compiled search; the peer: its reported CPU time) and of the wall time of
+  a whole run (ours: from the parsed formula; the peer: the process, parsing included).
+
+With more than one rank, also the portfolio: ``--portfolio-runs`` races of all ranks
+on the smallest instance, the measured speedup (in flips of the winner, and in wall
+time) against the speedup predicted from the sequential runs by order statistics.
+All but rank 0 sleep while rank 0 measures the sequential figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .harness import Row, _quartile_spread
+from .registry import Benchmark, register
+
+__all__: list[str] = []
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(repeats=5)
+    parser.add_argument("--sizes", default="200,400,600,1000", help="variables per instance")
+    parser.add_argument("--ratio", type=float, default=4.26, help="clauses / variables")
+    parser.add_argument("--seeds", type=int, default=20, help="runs per size (default 20)")
+    parser.add_argument("--flips", type=int, default=5_000_000, help="flips per rate run")
+    parser.add_argument("--budget", type=int, default=20_000_000, help="flips to call SAT")
+    parser.add_argument("--portfolio-runs", type=int, default=40)
+    parser.add_argument("--peer-binary", metavar="PATH", help="probSAT built from its source")
+
+
+def _idle_barrier(comm: Any) -> None:
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.002)
+
+
+def _instance(n: int, ratio: float, budget: int) -> tuple[Any, int]:
+    from hpcpar.apps.sat import LocalSearch, random_ksat
+
+    for seed in range(50):
+        cnf, _ = random_ksat(n, round(ratio * n), 3, seed=seed)
+        if LocalSearch(cnf, "probsat", seed=10**6).run(budget):
+            return cnf, seed
+    raise RuntimeError(f"no satisfiable instance found for n={n} within the budget")
+
+
+def _peer(binary: str, path: Path, seed: int, flips: int = 0) -> dict[str, float]:
+    args = [binary]
+    if flips:
+        args += ["--maxflips", str(flips), "--runs", "1"]
+    t0 = time.perf_counter()
+    out = subprocess.run([*args, str(path), str(seed)], capture_output=True, text=True,
+                         timeout=600, check=False).stdout  # fmt: skip
+    wall = time.perf_counter() - t0
+    flips_done = float(re.search(r"numFlips\s*:\s*(\d+)", out).group(1))
+    cpu = float(re.search(r"CPU Time\s*:\s*([\d.]+)", out).group(1))
+    return {"flips": flips_done, "seconds": cpu, "wall": wall,
+            "solved": "s SATISFIABLE" in out}  # fmt: skip
+
+
+def _ours(cnf: Any, seed: int, flips: int) -> dict[str, float]:
+    from hpcpar.apps.sat import LocalSearch, check_model
+
+    t0 = time.perf_counter()
+    ls = LocalSearch(cnf, "probsat", seed=seed)
+    solved = ls.run(flips)
+    wall = time.perf_counter() - t0
+    if solved and check_model(cnf, ls.model()) >= 0:
+        raise AssertionError("false model")
+    return {"flips": float(ls.flips), "seconds": ls.seconds, "wall": wall, "solved": solved}
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "spread_pct": _quartile_spread(values)}  # fmt: skip
+
+
+def _sequential(args: argparse.Namespace, sizes: list[int], folder: Path) -> list[dict]:
+    """Rank 0: flips/s and time to solution of both solvers per size."""
+    from hpcpar.apps.sat import write_dimacs
+
+    docs = []
+    for n in sizes:
+        cnf, inst = _instance(n, args.ratio, args.budget)
+        path = folder / f"uf{n}-{inst}.cnf"
+        write_dimacs(cnf, path)
+        _ours(cnf, 0, 1000)  # compile outside the timing
+        rate: dict[str, list[float]] = {"hpcpar": [], "probsat-c": []}
+        tts: dict[str, list[dict]] = {"hpcpar": [], "probsat-c": []}
+        hard, _ = _hard(n, args.ratio)
+        hard_path = folder / f"hard{n}.cnf"
+        write_dimacs(hard, hard_path)
+        for r in range(args.repeats):
+            res = _ours(hard, 100 + r, args.flips)
+            rate["hpcpar"].append(res["flips"] / res["seconds"])
+            if args.peer_binary:
+                res = _peer(args.peer_binary, hard_path, 100 + r, args.flips)
+                rate["probsat-c"].append(res["flips"] / max(res["seconds"], 1e-9))
+        for seed in range(1, args.seeds + 1):
+            tts["hpcpar"].append(_ours(cnf, seed, 10**10))
+            if args.peer_binary:
+                tts["probsat-c"].append(_peer(args.peer_binary, path, seed))
+        for solver in ("hpcpar", "probsat-c"):
+            if not rate[solver]:
+                continue
+            runs = tts[solver]
+            docs.append({
+                "variant": solver, "n": n, "clauses": cnf.n_clauses, "instance_seed": inst,
+                "flips_per_s": _stats(rate[solver]),
+                "time_to_solution_s": _stats([r["seconds"] for r in runs]),
+                "wall_to_solution_s": _stats([r["wall"] for r in runs]),
+                "flips_to_solution": _stats([r["flips"] for r in runs]),
+                "solved": sum(bool(r["solved"]) for r in runs), "runs": len(runs),
+                "flips_sample": [r["flips"] for r in runs],
+            })  # fmt: skip
+    return docs
+
+
+def _hard(n: int, ratio: float) -> tuple[Any, int]:
+    """An instance for rate runs: the same size just above the threshold.
+
+    At ratio + 0.25 it is almost surely unsatisfiable, so every rate run does all its flips.
+    """
+    from hpcpar.apps.sat import random_ksat
+
+    return random_ksat(n, round((ratio + 0.25) * n), 3, seed=777)[0], 777
+
+
+def _portfolio(comm: Any, args: argparse.Namespace, cnf: Any, sample: list[float]) -> dict:
+    from hpcpar.apps.sat.portfolio import portfolio
+    from hpcpar.apps.sat.predict import expected_min, expected_min_empirical, fit_laws
+
+    size = comm.Get_size()
+    flips, walls = [], []
+    for r in range(args.portfolio_runs):
+        res = portfolio(cnf, comm, seed=5000 + 97 * r, check_every=1000)
+        flips.append(res.flips)
+        walls.append(res.seconds)
+    fits = fit_laws(sample)
+    mean = float(np.mean(sample))
+    predicted = {law: expected_min(fit, 1) / expected_min(fit, size) for law, fit in fits.items()}
+    predicted["empirical"] = mean / expected_min_empirical(sample, size)
+    measured = mean / float(np.mean(flips))
+    return {"ranks": size, "runs": len(flips), "measured_speedup_flips": measured,
+            "predicted": predicted, "portfolio_flips_mean": float(np.mean(flips)),
+            "portfolio_wall_median_s": statistics.median(walls),
+            "measured_vs_empirical": measured / predicted["empirical"],
+            "ks_pvalues": {law: fit.ks_pvalue for law, fit in fits.items()}}  # fmt: skip
+
+
+def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
+    from ..errors import UsageError
+
+    try:
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"bench sat: --sizes takes integers, not {args.sizes!r}") from None
+    if not sizes or min(sizes) < 10 or args.seeds < 3 or args.flips < 1:
+        raise UsageError("bench sat: sizes >= 10, --seeds >= 3 and --flips >= 1")
+    if args.peer_binary and not Path(args.peer_binary).is_file():
+        raise UsageError(f"bench sat: --peer-binary {args.peer_binary}: no such file")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(f"# hpcpar bench sat: uniform 3-SAT at ratio {args.ratio}, sizes {sizes}, "
+        f"{args.seeds} seeds, rate runs {args.repeats} x {args.flips} flips; "
+        f"peer {args.peer_binary or 'none (--peer-binary PATH)'}; {size} rank(s)")  # fmt: skip
+    docs = None
+    with tempfile.TemporaryDirectory(prefix="hpcpar-bench-sat-") as tmp:
+        if rank == 0:
+            docs = _sequential(args, sizes, Path(tmp))
+        _idle_barrier(comm)
+    docs = comm.bcast(docs, root=0)
+    by = {(d["variant"], d["n"]): d for d in docs}
+    say(f"# {'n':>5s} {'solver':10s} {'flips/s':>10s} {'spread%':>7s} {'vs peer':>7s} "
+        f"{'tts median s':>12s} {'min':>9s} {'max':>9s} {'wall med s':>10s} {'flips med':>10s} "
+        f"{'solved':>7s}")  # fmt: skip
+    rows = []
+    for d in docs:
+        peer = by.get(("probsat-c", d["n"]))
+        d["flips_per_s_vs_peer"] = (
+            d["flips_per_s"]["median"] / peer["flips_per_s"]["median"] if peer else None
+        )
+        d["time_to_solution_vs_peer"] = (
+            peer["time_to_solution_s"]["median"] / d["time_to_solution_s"]["median"]
+            if peer and d["time_to_solution_s"]["median"] > 0 else None
+        )  # fmt: skip
+        ratio = d["flips_per_s_vs_peer"]
+        t = d["time_to_solution_s"]
+        vs = "-" if ratio is None else f"{ratio:.2f}"
+        say(f"  {d['n']:5d} {d['variant']:10s} {d['flips_per_s']['median']:10.3e} "
+            f"{d['flips_per_s']['spread_pct']:7.1f} {vs:>7s} "
+            f"{t['median']:12.4f} {t['min']:9.4f} {t['max']:9.4f} "
+            f"{d['wall_to_solution_s']['median']:10.4f} "
+            f"{d['flips_to_solution']['median']:10.0f} {d['solved']:4d}/{d['runs']}")  # fmt: skip
+        rows.append(Row({**d, "valid": d["solved"] == d["runs"]}, size_key="n"))
+    if size > 1:
+        from hpcpar.apps.sat import random_ksat
+
+        small = min(sizes)
+        inst = by[("hpcpar", small)]["instance_seed"]
+        cnf, _ = random_ksat(small, round(args.ratio * small), 3, seed=inst)
+        sample = None
+        if rank == 0:  # a larger sequential sample for the prediction (cheap at this size)
+            sample = [
+                _ours(cnf, 10**7 + i, 10**10)["flips"] for i in range(4 * args.portfolio_runs)
+            ]
+        _idle_barrier(comm)
+        sample = comm.bcast(sample, root=0)
+        p = _portfolio(comm, args, cnf, sample)
+        pred = ", ".join(f"{k} {v:.2f}" for k, v in p["predicted"].items())
+        say(f"# portfolio on uf{small}: {size} ranks, {p['runs']} races: measured speedup "
+            f"{p['measured_speedup_flips']:.2f} (flips of the winner); predicted: {pred}; "
+            f"measured / empirical prediction {p['measured_vs_empirical']:.2f}")  # fmt: skip
+        rows.append(Row({"variant": "hpcpar-portfolio", "n": small, **p}, size_key="n"))
+    return rows
+
+
+register(
+    Benchmark(
+        "sat",
+        "SAT local search: flips/s and time to solution vs probSAT C; portfolio speedup",
+        _add_arguments,
+        _run,
+        peer="probsat-c",
+    )
+)
