@@ -89,3 +89,19 @@ def test_predict_measures_portfolios_where_the_ranks_exist(comm, tmp_path, capsy
             assert r["exponential_speedup"] == pytest.approx(r["cores"])
             if "measured_speedup" in r:
                 assert r["measured_runs"] == 6 and np.isfinite(r["measured_speedup"])
+
+
+def test_ranks_that_cannot_solve_are_stopped_by_the_winner(comm):
+    # planted 5-SAT at ratio 18: cc solves it in about 10^4 flips, WalkSAT at noise
+    # 0.567 stalls for millions; even ranks run cc, odd ranks WalkSAT
+    cnf, _ = random_ksat(300, 5400, 5, seed=11, planted=True)
+    limit = 10**9
+    result = portfolio(cnf, comm, algorithms=["cc", "walksat"], seed=2, max_flips=limit,
+                       check_every=1000)  # fmt: skip
+    assert_all(result.satisfiable, "no model", comm)
+    assert result.per_rank[result.winner]["algorithm"] == "cc"
+    for d in result.per_rank:
+        if d["algorithm"] == "walksat" and not d["found"]:
+            # stopped by the message, long before its own limit
+            assert d["stopped"] and d["flips"] < limit // 100, d
+    assert result.stop_lag_s >= 0
