@@ -45,23 +45,28 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="progress bar on rank 0 (auto: when stdout is a terminal)",
     )
+    parser.add_argument(
+        "--full-data",
+        action="store_true",
+        help="every rank loads all training rows and batches follow one global shuffle "
+        "(default: each rank loads only its shard and shuffles it; async always loads all)",
+    )
     parser.add_argument("--out", metavar="FILE", help="results JSON; also FILE.csv, FILE.png")
     add_layout_argument(parser)
 
 
 def _run(comm: Any, args: argparse.Namespace) -> int:
-    from hpcpar.errors import UsageError
     from hpcpar.topology import Hierarchy
 
     from .data import load_dataset
     from .models import make_model
 
-    if args.epochs < 1:
-        raise UsageError(f"sgd: --epochs must be at least 1, not {args.epochs}")
-    if args.checkpoint_every < 0 or (args.checkpoint_every and not args.checkpoint):
-        raise UsageError("sgd: --checkpoint-every K needs K >= 0 and --checkpoint DIR")
+    _check(args)
     say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
-    data = load_dataset(args.dataset, args.seed)
+    size = comm.Get_size()
+    sharded = size > 1 and not args.full_data and args.mode != "async"
+    shard = (comm.Get_rank(), size) if sharded else None
+    data = load_dataset(args.dataset, args.seed, shard=shard, comm=comm)
     model = make_model(args.model, data.n_features, data.n_classes, args.hidden, args.seed)
     h = Hierarchy(comm, layout=args.layout)
     ck, step, epoch, start = _resume(args, h, model)
@@ -69,7 +74,8 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     trainer.step = step
     say(
         f"# hpcpar sgd: {args.model} ({model.n_params} parameters) on {args.dataset} "
-        f"({data.y_train.size} training rows), mode {args.mode}, {comm.Get_size()} rank(s), "
+        f"({data.n_total} training rows{', one shard per rank' if sharded else ''}), "
+        f"mode {args.mode}, {size} rank(s), "
         f"global batch {args.batch}, lr {args.lr}"
     )
     if step:
@@ -116,6 +122,15 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     _write(comm, args, rows, model)
     h.free()
     return 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    from hpcpar.errors import UsageError
+
+    if args.epochs < 1:
+        raise UsageError(f"sgd: --epochs must be at least 1, not {args.epochs}")
+    if args.checkpoint_every < 0 or (args.checkpoint_every and not args.checkpoint):
+        raise UsageError("sgd: --checkpoint-every K needs K >= 0 and --checkpoint DIR")
 
 
 def _resume(args: argparse.Namespace, h: Any, model: Any) -> tuple[Any, int, int, int]:

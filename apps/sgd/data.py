@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .models import SgdError
 
-__all__ = ["Dataset", "load_dataset", "DATASETS", "epoch_order", "strided_batches"]
+__all__ = [
+    "Dataset", "load_dataset", "DATASETS", "epoch_order", "strided_batches", "shard_bounds",
+    "shard_order",
+]  # fmt: skip
 
 DATASETS = ("digits", "breast_cancer", "wine", "synthetic", "synthetic_sparse")
 
@@ -25,11 +29,35 @@ class Dataset:
     x_test: Any
     y_test: np.ndarray
     n_classes: int
+    shard: tuple[int, int] | None = None  # (part, parts) when x_train is one shard
+    n_total: int = 0  # training rows in all shards together
+
+    def __post_init__(self) -> None:
+        if not self.n_total:
+            self.n_total = int(self.y_train.size)
 
     @property
     def n_features(self) -> int:
         """Columns of the feature matrix."""
         return int(self.x_train.shape[1])
+
+
+def shard_bounds(rows: int, part: int, parts: int) -> tuple[int, int]:
+    """The contiguous block [lo, hi) of ``rows`` training rows that shard ``part`` holds."""
+    return rows * part // parts, rows * (part + 1) // parts
+
+
+@functools.lru_cache(maxsize=8)
+def shard_order(seed: int, epoch: int, part: int, parts: int, rows: int) -> np.ndarray:
+    """Shard ``part``'s training rows (global positions) in their order in ``epoch``.
+
+    Each shard shuffles only its own rows, so a rank that holds one shard never needs
+    another's; a global batch is the concatenation of every shard's next rows.
+    """
+    lo, hi = shard_bounds(rows, part, parts)
+    order = lo + np.random.default_rng([seed, epoch, part, parts]).permutation(hi - lo)
+    order.flags.writeable = False
+    return order
 
 
 @functools.lru_cache(maxsize=2)
@@ -101,12 +129,31 @@ def load_file(path: str, seed: int = 0) -> Dataset:
     return _split(file.name, x.astype(np.float64), y, seed)
 
 
-def load_dataset(name: str, seed: int = 0) -> Dataset:
+def load_dataset(
+    name: str, seed: int = 0, shard: tuple[int, int] | None = None, comm: Any = None
+) -> Dataset:
     """A dataset by name (or a ``.npz``/``.h5`` path), split 80/20 with ``seed``.
+
+    With ``shard=(part, parts)`` only that block of the training rows is kept (the test
+    rows are kept whole); an ``.h5`` file is then read only for those rows and the test
+    rows (and its labels), the standardisation coming from moments summed over
+    ``comm`` (every shard's rows); the other sources are loaded whole, then cut.
 
     Raises:
         SgdError: an unknown name, or scikit-learn missing for its bundled datasets.
     """
+    if shard is not None:
+        part, parts = shard
+        if not 0 <= part < parts:
+            raise SgdError(f"shard {part} of {parts} does not exist")
+        if name.endswith((".h5", ".hdf5")):
+            return _load_h5_shard(name, seed, shard, comm)
+        data = load_dataset(name, seed)
+        lo, hi = shard_bounds(data.y_train.size, part, parts)
+        if hi - lo < 1:
+            raise SgdError(f"{name}: {data.y_train.size} training rows for {parts} shards")
+        return Dataset(data.name, data.x_train[lo:hi], data.y_train[lo:hi], data.x_test,
+                       data.y_test, data.n_classes, shard, data.y_train.size)  # fmt: skip
     if name.endswith((".npz", ".h5", ".hdf5")):
         return load_file(name, seed)
     if name in ("digits", "breast_cancer", "wine"):
@@ -137,3 +184,61 @@ def load_dataset(name: str, seed: int = 0) -> Dataset:
         y = np.asarray((x @ w).argmax(axis=1)).ravel()
         return _split(name, x, y, seed)
     raise SgdError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+
+
+def _rows_of(dataset: Any, rows: np.ndarray) -> np.ndarray:
+    """``dataset[rows]`` for any order of ``rows`` (h5py reads increasing indices only)."""
+    order = np.argsort(rows)
+    out = np.empty((rows.size, *dataset.shape[1:]), dtype=np.float64)
+    if rows.size:
+        out[order] = dataset[rows[order]]
+    return out
+
+
+def _load_h5_shard(path: str, seed: int, shard: tuple[int, int], comm: Any) -> Dataset:
+    """One shard of an ``.h5`` file's training rows, and its test rows (see load_dataset)."""
+    import h5py
+
+    file = Path(path)
+    try:
+        with h5py.File(file, "r") as f:
+            xd, y = f["x"], np.asarray(f["y"][()])
+            if xd.ndim != 2 or y.ndim != 1 or xd.shape[0] != y.shape[0]:
+                raise SgdError(
+                    f"{file}: x must be rows x features and y one label per row; "
+                    f"got x {xd.shape}, y {y.shape}"
+                )
+            if xd.dtype.kind not in "fiu" or y.dtype.kind not in "iu":
+                raise SgdError(
+                    f"{file}: x must be numeric and y integer labels (got {xd.dtype}, {y.dtype})"
+                )
+            order = np.random.default_rng(seed).permutation(y.size)
+            cut = int(0.8 * y.size)
+            lo, hi = shard_bounds(cut, *shard)
+            mine, test = order[lo:hi], order[cut:]
+            x, x_test = _rows_of(xd, mine), _rows_of(xd, test)
+    except KeyError as exc:
+        raise SgdError(f"{file}: needs arrays 'x' and 'y' (missing {exc})") from None
+    except OSError as exc:
+        raise SgdError(f"{file}: not a readable .h5 file ({exc.__class__.__name__})") from None
+    if hi - lo < 1:
+        raise SgdError(f"{file}: {cut} training rows for {shard[1]} shards")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(x_test))):
+        raise SgdError(f"dataset {file.name}: features contain NaN or infinity")
+    classes = np.unique(y)
+    if classes.size < 2:
+        raise SgdError(f"{file}: y holds fewer than two classes")
+    moments = np.concatenate([x.sum(axis=0), (x * x).sum(axis=0)])
+    if comm is not None:
+        from hpcpar.runtime.comm import resolve_comm
+
+        total = np.empty_like(moments)
+        resolve_comm(comm).Allreduce(moments, total)
+        moments = total
+    d = x.shape[1]
+    mean = moments[:d] / cut
+    std = np.sqrt(np.maximum(moments[d:] / cut - mean * mean, 0.0))
+    std[std == 0] = 1.0
+    y = np.searchsorted(classes, y)
+    return Dataset(file.name, (x - mean) / std, y[mine], (x_test - mean) / std, y[test],
+                   int(classes.size), shard, cut)  # fmt: skip

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .data import Dataset, epoch_order, strided_batches
-from .models import Model, output_delta
+from .data import Dataset, epoch_order, shard_bounds, shard_order, strided_batches
+from .models import Model, SgdError, output_delta
 from .train import EpochStats, check_training
 
 __all__ = ["HogwildTrainer"]
@@ -52,6 +52,8 @@ class HogwildTrainer:
             from mpi4py import MPI
 
             self.rank, self.size = hierarchy.comm.Get_rank(), hierarchy.comm.Get_size()
+            if data.shard is not None and data.shard != (self.rank, self.size):
+                raise SgdError(f"rank {self.rank} of {self.size} holds shard {data.shard}")
             node = hierarchy.node
             n = model.n_params
             mine = n * 8 if node.Get_rank() == 0 else 0
@@ -64,6 +66,11 @@ class HogwildTrainer:
             model.params = shared  # the layers are views computed from params at each use
 
     def _rows(self, epoch: int) -> list[np.ndarray]:
+        if self.data.shard is not None:  # this rank's shard, in its own order
+            n = self.data.n_total
+            order = shard_order(self.seed, epoch, *self.data.shard, n)
+            order = order - shard_bounds(n, *self.data.shard)[0]
+            return strided_batches(order, 0, 1, self.batch)
         order = epoch_order(self.seed, epoch, self.data.y_train.size)
         return strided_batches(order, self.rank, self.size, self.batch)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .data import Dataset, epoch_order
+from .data import Dataset, epoch_order, shard_bounds, shard_order
 from .models import Model, SgdError
 
 __all__ = ["SyncTrainer", "EpochStats", "check_training"]
@@ -66,6 +66,9 @@ class SyncTrainer:
         bucket_bytes: Gradient bucket size.
         reproducible: Bitwise reproducible reductions.
         seed: The data-order seed.
+        shards: With data loaded whole, compose each global batch as ``shards`` shards
+            would (the single-process reference of a sharded run); taken from ``data``
+            when it holds one shard (``load_dataset(..., shard=(rank, ranks))``).
 
     Raises:
         SgdError: bad batch size or learning rate.
@@ -84,6 +87,7 @@ class SyncTrainer:
         seed: int = 0,
         mode: str = "sync",
         local_steps: int = 8,
+        shards: int = 0,
     ) -> None:
         self.comm = None
         if comm is not None:
@@ -94,7 +98,21 @@ class SyncTrainer:
             self.size, self.rank = resolved.Get_size(), resolved.Get_rank()
         else:
             self.size, self.rank = 1, 0
-        check_training(lr, batch, data.y_train.size, self.size)
+        self.shards = data.shard[1] if data.shard is not None else shards
+        if data.shard is not None and (data.shard != (self.rank, self.size)):
+            raise SgdError(
+                f"rank {self.rank} of {self.size} holds shard {data.shard[0]} of "
+                f"{data.shard[1]}: load shard (rank, ranks)"
+            )
+        if self.shards and self.size > 1 and self.shards != self.size:
+            raise SgdError(f"{self.shards} data shards on {self.size} ranks: use one per rank")
+        check_training(lr, batch, data.n_total, self.size)
+        if self.shards and (
+            batch % self.shards or data.n_total // self.shards < batch // self.shards
+        ):
+            raise SgdError(
+                f"batch {batch} must be a multiple of the {self.shards} shards and fit in one"
+            )
         if mode not in ("sync", "local"):
             raise SgdError(f"unknown mode {mode!r}; implemented: sync, local")
         if local_steps < 1:
@@ -111,6 +129,16 @@ class SyncTrainer:
         self.comm_seconds = 0.0
 
     def _rows(self, epoch: int, index: int) -> np.ndarray:
+        if self.shards:  # the next rows of every shard this process holds
+            mine = self.batch // self.shards
+            parts = [self.rank] if self.size > 1 else range(self.shards)
+            n = self.data.n_total
+            rows = [shard_order(self.seed, epoch, p, self.shards, n)[index * mine :][:mine]
+                    for p in parts]  # fmt: skip
+            out = np.concatenate(rows)
+            if self.data.shard is not None:  # local row numbers of this shard
+                out = out - shard_bounds(n, *self.data.shard)[0]
+            return out
         order = epoch_order(self.seed, epoch, self.data.y_train.size)
         mine = self.batch // self.size
         start = index * self.batch + self.rank * mine
@@ -171,6 +199,8 @@ class SyncTrainer:
     @property
     def steps_per_epoch(self) -> int:
         """Global batches per epoch (the last partial batch is dropped)."""
+        if self.shards:  # as many as the smallest shard gives
+            return (self.data.n_total // self.shards) // (self.batch // self.shards)
         return self.data.y_train.size // self.batch
 
     def epoch(self, epoch: int, start: int = 0, after_step: Any = None) -> EpochStats:

@@ -89,3 +89,48 @@ def test_hogwild_learns_on_shared_node_models(comm, layout, dataset):
     assert_all(all(np.array_equal(params[0], p) for p in params), "models differ", comm)
     target = 0.95 if name == "mlp" else 0.75
     assert_all(stats.test_accuracy >= target, f"accuracy {stats.test_accuracy}", comm)
+
+
+@pytest.mark.parametrize("layout", layouts_for(hpcpar.default_comm().Get_size())[:2])
+def test_sharded_sync_equals_one_process_composing_the_same_batches(comm, layout):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    whole = load_dataset("digits")
+    mine = load_dataset("digits", shard=(rank, size))
+    rows = comm.allgather(mine.y_train.size)
+    assert_all(sum(rows) == whole.y_train.size == mine.n_total, "shards cover the rows", comm)
+    assert_all(max(rows) - min(rows) <= 1, "shards are even", comm)
+    batch = 12 * size
+
+    def run(data, c, shards=0):
+        model = make_model("mlp", data.n_features, data.n_classes, hidden=16, seed=4)
+        trainer = SyncTrainer(model, data, c, batch=batch, lr=0.05, shards=shards)
+        for epoch in range(2):
+            trainer.epoch(epoch)
+        return model.params, trainer.steps_per_epoch
+
+    alone, steps = run(whole, None, shards=size)
+    with hpcpar.Hierarchy(comm, layout=layout) as h:
+        together, steps_here = run(mine, h)
+    worst = float(np.abs(together - alone).max())
+    assert_all(worst < 1e-10 and steps == steps_here, f"parameters differ by {worst}", comm)
+
+
+def test_h5_shards_read_only_their_rows_and_standardise_globally(comm, tmp_path):
+    h5py = pytest.importorskip("h5py")
+    path = comm.bcast(str(tmp_path / "d.h5"), root=0)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(3.0, 2.0, (403, 7)), rng.integers(0, 3, 403)
+    if comm.Get_rank() == 0:
+        with h5py.File(path, "w") as f:
+            f["x"], f["y"] = x, y
+    comm.Barrier()
+    whole = load_dataset(path)
+    mine = load_dataset(path, shard=(comm.Get_rank(), comm.Get_size()), comm=comm)
+    lo = sum(comm.allgather(mine.y_train.size)[: comm.Get_rank()])
+    expect = whole.x_train[lo : lo + mine.y_train.size]
+    assert_all(np.allclose(mine.x_train, expect, atol=1e-12), "shard rows differ", comm)
+    assert_all(np.array_equal(mine.y_train, whole.y_train[lo : lo + mine.y_train.size]),
+               "shard labels differ", comm)  # fmt: skip
+    assert_all(np.allclose(mine.x_test, whole.x_test, atol=1e-12), "test rows differ", comm)
+    with pytest.raises(SgdError, match="shard 5 of 2 does not exist"):
+        load_dataset(path, shard=(5, 2))
