@@ -379,10 +379,17 @@ class Checkpointer:
             raise CheckpointError("no committed save measured yet; save once first")
         return young_daly_interval(max(costs.values()), mtbf_s)
 
-    def close(self) -> None:
-        """Finish the flush in flight and release the background thread and communicators."""
+    def close(self, *, sync: bool = True) -> None:
+        """Finish the flush in flight and release the background thread and communicators.
+
+        Collective; when it returns on any rank, every rank's flush and pruning are done,
+        so the files on disk no longer change (a race the 3-rank tests once hit: rank 0
+        deleted a node's directory while a rank of that node was still pruning in it).
+        """
         self._drain()
         self._pool.shutdown(wait=True)
+        if sync:  # not on an error path: the other ranks may never get here
+            self.comm.Barrier()
         for level in self.levels:
             set_comm = getattr(level, "set_comm", None)
             if set_comm is not None:
@@ -392,5 +399,5 @@ class Checkpointer:
     def __enter__(self) -> Checkpointer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(sync=exc_type is None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,7 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
                     break
     finally:
         if ck is not None:
-            ck.close()
+            ck.close(sync=sys.exc_info()[0] is None)  # no barrier on an error path
     _write(comm, args, solver, rows, h)
     h.free()
     return 0

@@ -169,7 +169,7 @@ def _solve_checkpointed(args: argparse.Namespace, cnf: Any) -> int:
                 break
             ck.save(ls.flips, {**ls.state(), "formula": _fingerprint(cnf)}).wait()
     finally:
-        ck.close()
+        ck.close(sync=sys.exc_info()[0] is None)  # no barrier on an error path
     print(f"c {ls.flips} flips, {ls.flips / max(ls.seconds, 1e-9):.3e} flips/s")
     if not ls.solved:
         print("s UNKNOWN", flush=True)

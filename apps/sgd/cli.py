@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,7 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
             )
     finally:
         if ck is not None:
-            ck.close()
+            ck.close(sync=sys.exc_info()[0] is None)  # no barrier on an error path
         if args.mode == "hogwild":
             trainer.free()
     _write(comm, args, rows, model)

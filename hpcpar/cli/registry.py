@@ -26,6 +26,7 @@ BUILTIN_MODULES = (
     "hpcpar.cli.simulate",
     "hpcpar.cli.vcluster",
     "hpcpar.cli.checkpoint",
+    "hpcpar.cli.jobs",
     "hpcpar.apps.cfr.cli",
     "hpcpar.apps.sgd.cli",
     "hpcpar.apps.sat.cli",
