@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -73,9 +74,37 @@ def demo() -> None:
     _run(BIN / "hpcpar", "launch", "-n", "4", "--layout", "ppn:2", "--timeout", "600", "--", "demo")
 
 
+def ensure_slurm() -> None:
+    """Install Debian's slurm-wlm and munge for the Slurm tests when they are missing.
+
+    Only as root where apt-get exists; on failure the Slurm tests skip with a reason.
+    """
+    sbin = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    if all(shutil.which(d, path=sbin) for d in ("slurmctld", "slurmd", "munged", "sbatch")):
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        _say("Slurm is missing and cannot be installed here (needs root and apt-get): "
+             "the Slurm tests will skip")  # fmt: skip
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm", "munge"]
+    for attempt in (install, ["apt-get", "update", "-q"], install):
+        _say("$ " + " ".join(attempt))
+        try:
+            done = subprocess.run(attempt, env=env, timeout=900, check=False,
+                                  stdout=subprocess.DEVNULL)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _say(f"{attempt[1]} failed ({exc}): the Slurm tests will skip")
+            return
+        if attempt is install and done.returncode == 0:
+            return
+    _say("installing slurm-wlm and munge failed: the Slurm tests will skip")
+
+
 def test(pytest_args: list[str]) -> None:
     """Lint, then run every test serially (MPI tests at one rank) and at 2, 3 and 4 ranks."""
     setup("test")
+    ensure_slurm()
     started = time.monotonic()
     _run(PY, "-m", "ruff", "check", ".")
     _run(PY, "-m", "ruff", "format", "--check", ".")

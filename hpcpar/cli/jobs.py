@@ -3,7 +3,8 @@
 ``hpcpar jobs slurm --app APP --nodes N --ppn K [...] [-- APP ARGS]`` writes a batch
 script: ``#SBATCH`` lines for the allocation, a clearly marked block of site
 placeholders (modules, environment), and the app started with ``hpcpar launch`` inside
-the allocation (``srun --mpi=pmi2`` by default, or the MPI library's ``mpiexec``).
+the allocation (``srun --mpi=pmi2`` by default, or the MPI library's ``mpiexec``;
+``HPCPAR_LAUNCHER`` in the job's environment switches without an edit).
 Without APP ARGS each app gets a short, complete run that writes its results under
 ``$HPCPAR_RESULTS`` (default ``results``). ``jobs/slurm/*.sbatch`` are these scripts
 with their defaults. ``hpcpar jobs submit SCRIPT [--wait]`` runs ``sbatch`` and, with
@@ -47,7 +48,7 @@ APPS: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
         "sat solve $OUT/sat-$SLURM_JOB_ID.cnf --portfolio --timeout 300",
         (0, 10),  # 10: satisfiable, 0: unknown (SAT competition convention)
     ),
-    "bench": ([], "bench collectives --max-size 4MiB --output $OUT/bench-$SLURM_JOB_ID", (0,)),
+    "bench": ([], "bench allreduce-mpi --max-size 1MiB --output $OUT/bench-$SLURM_JOB_ID", (0,)),
 }
 
 _TEMPLATE = """\
@@ -69,7 +70,8 @@ HPCPAR=${{HPCPAR:-hpcpar}}
 OUT=${{HPCPAR_RESULTS:-results}}
 mkdir -p "$OUT"
 {before}status=0
-"$HPCPAR" launch -n "$SLURM_NTASKS" --launcher {launcher} -- {command} || status=$?
+"$HPCPAR" launch -n "$SLURM_NTASKS" --launcher "${{HPCPAR_LAUNCHER:-{launcher}}}" \\
+  -- {command} || status=$?
 case $status in
   {ok}) echo "hpcpar {app}: finished (exit status $status)" ;;
   *) echo "hpcpar {app}: FAILED with exit status $status" >&2; exit "$status" ;;
@@ -127,8 +129,16 @@ def render_sbatch(
     )  # fmt: skip
 
 
-def submit(script: str | Path, wait: bool = False, timeout: float = 3600) -> dict[str, Any]:
+def submit(
+    script: str | Path,
+    wait: bool = False,
+    timeout: float = 3600,
+    sbatch_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """``sbatch`` the script; with ``wait``, poll until it ends and return its outcome.
+
+    ``sbatch_args`` go before the script (they override its ``#SBATCH`` lines).
 
     Returns:
         ``job``, and with ``wait``: ``state`` (COMPLETED, FAILED, ...), ``exit_code``,
@@ -141,8 +151,9 @@ def submit(script: str | Path, wait: bool = False, timeout: float = 3600) -> dic
     from ..errors import HpcparError
 
     try:
-        out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
-                             text=True, timeout=60, check=False)  # fmt: skip
+        out = subprocess.run(["sbatch", "--parsable", *(sbatch_args or []), str(script)],
+                             capture_output=True, text=True, timeout=60, check=False,
+                             env=env)  # fmt: skip
     except FileNotFoundError:
         raise HpcparError("jobs: sbatch not found (not on a Slurm machine?)") from None
     if out.returncode != 0:
@@ -153,11 +164,11 @@ def submit(script: str | Path, wait: bool = False, timeout: float = 3600) -> dic
         return result
     deadline = time.monotonic() + timeout
     while True:
-        info = _job_info(job)
+        info = _job_info(job, env)
         if info.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
             break
         if time.monotonic() > deadline:
-            subprocess.run(["scancel", job], check=False)
+            subprocess.run(["scancel", job], check=False, env=env)
             raise HpcparError(f"jobs: job {job} still running after {timeout:.0f} s; cancelled")
         time.sleep(0.5)
     code = info.get("ExitCode", "0:0").split(":")
@@ -165,10 +176,10 @@ def submit(script: str | Path, wait: bool = False, timeout: float = 3600) -> dic
     return result
 
 
-def _job_info(job: str) -> dict[str, str]:
+def _job_info(job: str, env: dict[str, str] | None = None) -> dict[str, str]:
     """``scontrol show job`` as a dict (empty when Slurm has forgotten the job)."""
     out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True,
-                         timeout=30, check=False).stdout  # fmt: skip
+                         timeout=30, check=False, env=env).stdout  # fmt: skip
     return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
