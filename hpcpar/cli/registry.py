@@ -27,6 +27,7 @@ BUILTIN_MODULES = (
     "hpcpar.cli.vcluster",
     "hpcpar.cli.checkpoint",
     "hpcpar.cli.jobs",
+    "hpcpar.cli.experiment",
     "hpcpar.apps.cfr.cli",
     "hpcpar.apps.sgd.cli",
     "hpcpar.apps.sat.cli",

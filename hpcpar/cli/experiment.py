@@ -1,0 +1,278 @@
+"""``hpcpar experiment run CONFIG.toml | report DIR``: resumable sweeps of hpcpar jobs.
+
+A config declares one command template and the values to sweep::
+
+    [experiment]
+    name = "allreduce-layouts"
+    results = "results/allreduce-layouts"   # default: results/NAME
+    timeout = 600                           # seconds per point
+    oversubscribe = true                    # allow more ranks than cores
+
+    [sweep]
+    command = "bench allreduce-mpi --min-size {size} --max-size {size} --output {out}"
+    ranks = [2, 4]
+    layout = ["ppn:1", "ppn:2"]             # optional ("" = the real nodes)
+    size = ["8", "1MiB"]                    # any other key: a parameter of the command
+
+Every combination is a point, run with ``hpcpar launch -n RANKS [--layout L] --timeout
+T -- COMMAND`` where ``{out}`` is the point's output prefix. A point whose status file
+says ``ok`` is skipped on a rerun (an interrupted sweep resumes); a point that fails is
+recorded (exit status, log) and the sweep goes on. All points' results (the ``results``
+of each ``{out}.json``, with the point's parameters) are gathered into
+``RESULTS/results.json`` and ``.csv``. ``report`` writes ``summary.md`` and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from .registry import Command, register
+
+__all__ = ["load_config", "points", "run_sweep", "report"]
+
+EXPERIMENT_KEYS = {"name", "results", "timeout", "oversubscribe", "where"}
+RESERVED = {"command", "ranks", "layout"}
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read and check a sweep config.
+
+    Raises:
+        UsageError: unreadable or malformed TOML, unknown keys (named with the valid
+            ones), a missing command or ranks, placeholders without values.
+    """
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"experiment: cannot read {path} ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"experiment: {path} is not valid TOML: {exc}") from None
+    unknown = set(doc) - {"experiment", "sweep"}
+    if unknown:
+        raise UsageError(
+            f"experiment: unknown table(s) {sorted(unknown)}; valid: experiment, sweep"
+        )
+    exp, sweep = dict(doc.get("experiment", {})), dict(doc.get("sweep", {}))
+    bad = set(exp) - EXPERIMENT_KEYS
+    if bad:
+        raise UsageError(
+            f"experiment: unknown key(s) {sorted(bad)} in [experiment]; valid: "
+            f"{', '.join(sorted(EXPERIMENT_KEYS))}"
+        )
+    if exp.get("where", "local") != "local":
+        raise UsageError(f"experiment: where = {exp['where']!r}: only 'local' runs sweeps so far")
+    if not isinstance(sweep.get("command"), str) or not sweep["command"].strip():
+        raise UsageError('experiment: [sweep] needs command = "..." (an hpcpar command)')
+    ranks = sweep.get("ranks")
+    if (
+        not isinstance(ranks, list)
+        or not ranks
+        or not all(isinstance(r, int) and r >= 1 for r in ranks)
+    ):
+        raise UsageError("experiment: [sweep] needs ranks = [1, 2, ...] (positive integers)")
+    params = {k: v if isinstance(v, list) else [v] for k, v in sweep.items() if k != "command"}
+    params.setdefault("layout", [""])
+    wanted = set(re.findall(r"{(\w+)}", sweep["command"])) - {"out"}
+    missing = wanted - set(params)
+    if missing:
+        raise UsageError(
+            f"experiment: the command uses {{{', '.join(sorted(missing))}}} but [sweep] "
+            f"gives no values; parameters: {', '.join(sorted(params))}"
+        )
+    oversubscribe = bool(exp.get("oversubscribe", False))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if not oversubscribe and max(ranks) > (cores or 1):
+        raise UsageError(
+            f"experiment: ranks up to {max(ranks)} on {cores} core(s); set oversubscribe = true "
+            "in [experiment] to allow it"
+        )
+    name = str(exp.get("name") or path.stem)
+    return {
+        "name": name,
+        "results": str(exp.get("results") or f"results/{name}"),
+        "timeout": float(exp.get("timeout", 600)),
+        "command": sweep["command"],
+        "params": params,
+        "source": str(path),
+    }
+
+
+def points(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every combination of the swept values, each with a stable id."""
+    keys = sorted(config["params"])
+    out = []
+    for values in itertools.product(*(config["params"][k] for k in keys)):
+        point = dict(zip(keys, values, strict=True))
+        slug = "_".join(f"{k}-{re.sub(r'[^A-Za-z0-9.]+', '', str(point[k])) or 'real'}"
+                        for k in keys)  # fmt: skip
+        digest = hashlib.sha1(json.dumps(point, sort_keys=True).encode()).hexdigest()[:6]
+        out.append({"id": f"{slug}-{digest}", "params": point})  # cfr and cfr+ differ
+    return out
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def run_sweep(config: dict[str, Any], say: Any = print) -> dict[str, int]:
+    """Run every point not yet finished; returns counts of ok, failed and skipped."""
+    root = Path(config["results"])
+    (root / "points").mkdir(parents=True, exist_ok=True)
+    hpcpar = str(Path(sys.executable).with_name("hpcpar"))
+    counts = {"ok": 0, "failed": 0, "skipped": 0}
+    todo = points(config)
+    for i, point in enumerate(todo, 1):
+        folder = root / "points" / point["id"]
+        status_file = folder / "status.json"
+        if status_file.exists() and json.loads(status_file.read_text()).get("status") == "ok":
+            counts["skipped"] += 1
+            say(f"[{i}/{len(todo)}] {point['id']}: done before, skipped")
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        p = point["params"]
+        command = config["command"].format(**p, out=str(folder / "out"))
+        argv = [hpcpar, "launch", "-n", str(p["ranks"]), "--timeout", str(config["timeout"])]
+        if p.get("layout"):
+            argv += ["--layout", str(p["layout"])]
+        argv += ["--", *command.split()]
+        t0 = time.time()
+        with open(folder / "log.txt", "w") as log:
+            code = subprocess.run(
+                argv, stdout=log, stderr=subprocess.STDOUT, check=False
+            ).returncode
+        status = {"status": "ok" if code == 0 else "failed", "exit_code": code,
+                  "seconds": time.time() - t0, "params": p, "argv": argv,
+                  "log": str(folder / "log.txt")}  # fmt: skip
+        _write_atomic(status_file, json.dumps(status, indent=1))
+        counts[status["status"]] += 1
+        word = "ok" if code == 0 else f"FAILED (exit {code}, log {folder / 'log.txt'})"
+        say(f"[{i}/{len(todo)}] {point['id']}: {word} in {status['seconds']:.1f} s")
+    gather(config)
+    return counts
+
+
+def gather(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per result of every point (with its parameters and status)."""
+    from ..runtime.results import write_csv, write_json
+
+    root = Path(config["results"])
+    rows: list[dict[str, Any]] = []
+    for point in points(config):
+        folder = root / "points" / point["id"]
+        status = {"status": "not run"}
+        if (folder / "status.json").exists():
+            status = json.loads((folder / "status.json").read_text())
+        base = {"point": point["id"], **point["params"], "status": status["status"]}
+        results = []
+        if status["status"] == "ok" and (folder / "out.json").exists():
+            doc = json.loads((folder / "out.json").read_text())["results"]
+            results = doc if isinstance(doc, list) else [doc]
+        for r in results or [{}]:
+            flat = {k: v for k, v in r.items() if not isinstance(v, (list, dict))}
+            rows.append({**base, **flat})
+    write_json(root / "results.json", rows, comm=None, parameters={"config": config})
+    columns = sorted({k for r in rows for k in r}, key=lambda k: (k not in rows[0], k))
+    write_csv(root / "results.csv", rows, columns=columns, comm=None)
+    return rows
+
+
+def report(folder: str | Path) -> list[Path]:
+    """``summary.md`` (a table per point) and PNG plots of the gathered results."""
+    root = Path(folder)
+    try:
+        rows = json.loads((root / "results.json").read_text())["results"]
+    except (OSError, ValueError, KeyError):
+        raise UsageError(f"experiment report: no results.json in {root} (run the sweep)") from None
+    lines = ["| point | status | rows |", "|---|---|---|"]
+    by_point: dict[str, list[dict]] = {}
+    for r in rows:
+        by_point.setdefault(r["point"], []).append(r)
+    for point, rs in by_point.items():
+        lines.append(f"| {point} | {rs[0]['status']} | {len([r for r in rs if len(r) > 4])} |")
+    written = [root / "summary.md"]
+    written[0].write_text("\n".join(lines) + "\n")
+    written += _plots(root, rows)
+    return written
+
+
+def _plots(root: Path, rows: list[dict[str, Any]]) -> list[Path]:
+    """Time vs size per variant, one PNG per (ranks, layout), where rows have them."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    groups: dict[tuple[Any, Any], list[dict]] = {}
+    for r in rows:
+        if "size" in r and "avg_us" in r and "variant" in r:
+            groups.setdefault((r.get("ranks"), r.get("layout") or "real"), []).append(r)
+    out = []
+    for (ranks, layout), rs in sorted(groups.items(), key=str):
+        fig, ax = plt.subplots(figsize=(5.5, 4))
+        for variant in sorted({r["variant"] for r in rs}):
+            pts = sorted((r["size"], r["avg_us"]) for r in rs if r["variant"] == variant)
+            ax.plot(*zip(*pts, strict=True), marker="o", label=variant)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("microseconds")
+        ax.set_title(f"{ranks} ranks, layout {layout}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = root / f"time-vs-size-{ranks}-{re.sub(r'[^A-Za-z0-9]+', '', str(layout))}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        out.append(path)
+    return out
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = __doc__.split("\n\n", 1)[1] if __doc__ else ""
+    parser.add_argument("action", choices=("run", "report"))
+    parser.add_argument("path", help="run: the config (.toml); report: the results folder")
+
+
+def _run(_comm: Any, args: argparse.Namespace) -> int:
+    if args.action == "report":
+        for path in report(args.path):
+            print(f"wrote {path}")
+        return 0
+    config = load_config(args.path)
+    n = len(points(config))
+    print(f"# experiment {config['name']}: {n} point(s), results in {config['results']}")
+    counts = run_sweep(config)
+    print(f"# {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} done before; "
+          f"{config['results']}/results.csv")  # fmt: skip
+    return 1 if counts["failed"] else 0
+
+
+register(
+    Command(
+        "experiment",
+        "run a resumable sweep of hpcpar jobs from a TOML config; report it",
+        _add_arguments,
+        _run,
+        needs_mpi=False,
+    )
+)
