@@ -48,7 +48,7 @@ def test_sweep_records_failures_resumes_and_reports(tmp_path, capsys):
     status = json.loads((root / "points" / failed[0]["point"] / "status.json").read_text())
     assert status["exit_code"] == 2 and "bogus" in open(status["log"]).read()
     # an interrupted sweep: one finished point lost its status; a rerun redoes only it
-    done = [p for p in ids if "size-8_" in p]
+    done = [p for p in ids if "_size-8-" in p]
     (root / "points" / done[0] / "status.json").unlink()
     again = run_sweep(config, say=lambda *a: None)
     assert again == {"ok": 1, "failed": 2, "skipped": 1}
