@@ -234,6 +234,8 @@ def _predict(comm: Any, args: argparse.Namespace, cnf: Any) -> int:
 
 def _measure(comm: Any, args: argparse.Namespace, cnf: Any, cores: list[int]) -> dict:
     """Measured portfolio speedups (flips of the winner, and wall time) at ``cores``."""
+    from hpcpar.runtime.comm import idle_barrier
+
     from .portfolio import portfolio
     from .solver import LocalSearch
 
@@ -259,7 +261,7 @@ def _measure(comm: Any, args: argparse.Namespace, cnf: Any, cores: list[int]) ->
                 flips.append(res.flips)
                 secs.append(res.seconds)
         sub.Free()
-        _idle_barrier(comm)
+        idle_barrier(comm)
         result = comm.bcast((flips, secs), root=0)
         out[n] = {
             "measured_speedup": base[0] / float(np.mean(result[0])),
@@ -267,12 +269,6 @@ def _measure(comm: Any, args: argparse.Namespace, cnf: Any, cores: list[int]) ->
             "measured_runs": len(result[0]),
         }
     return out
-
-
-def _idle_barrier(comm: Any) -> None:
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(0.002)
 
 
 def _write_predict(args: argparse.Namespace, comm: Any, fits: Any, table: list, flips: Any,

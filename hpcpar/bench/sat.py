@@ -50,12 +50,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peer-binary", metavar="PATH", help="probSAT built from its source")
 
 
-def _idle_barrier(comm: Any) -> None:
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(0.002)
-
-
 def _instance(n: int, ratio: float, budget: int) -> tuple[Any, int]:
     from hpcpar.apps.sat import LocalSearch, random_ksat
 
@@ -172,6 +166,7 @@ def _portfolio(comm: Any, args: argparse.Namespace, cnf: Any, sample: list[float
 
 def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     from ..errors import UsageError
+    from ..runtime.comm import idle_barrier
 
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -190,7 +185,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     with tempfile.TemporaryDirectory(prefix="hpcpar-bench-sat-") as tmp:
         if rank == 0:
             docs = _sequential(args, sizes, Path(tmp))
-        _idle_barrier(comm)
+        idle_barrier(comm)
     docs = comm.bcast(docs, root=0)
     by = {(d["variant"], d["n"]): d for d in docs}
     say(f"# {'n':>5s} {'solver':10s} {'flips/s':>10s} {'spread%':>7s} {'vs peer':>7s} "
@@ -226,7 +221,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
             sample = [
                 _ours(cnf, 10**7 + i, 10**10)["flips"] for i in range(4 * args.portfolio_runs)
             ]
-        _idle_barrier(comm)
+        idle_barrier(comm)
         sample = comm.bcast(sample, root=0)
         p = _portfolio(comm, args, cnf, sample)
         pred = ", ".join(f"{k} {v:.2f}" for k, v in p["predicted"].items())

@@ -55,13 +55,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
-def _idle_barrier(comm: Any) -> None:
-    """A barrier that sleeps while it waits (idle ranks must not steal the cores)."""
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(0.002)
-
-
 def _torch_group(comm: Any) -> Any:
     """Start torch.distributed (gloo) over the job's ranks; ``None`` without torch."""
     try:
@@ -295,6 +288,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:  # noqa: PLR0912, PL
     from hpcpar.apps.sgd.data import load_dataset
 
     from ..errors import UsageError
+    from ..runtime.comm import idle_barrier
     from ..runtime.results import mpi_library
     from ..topology import Hierarchy
 
@@ -334,7 +328,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:  # noqa: PLR0912, PL
                 on_rank0 = variant.endswith("@1") or variant.startswith("sklearn")
                 if on_rank0:
                     result = _train(variant, args, comm, h, data) if rank == 0 else None
-                    _idle_barrier(comm)
+                    idle_barrier(comm)
                     result = comm.bcast(result, root=0)
                 else:
                     result = _train(variant, args, comm, h, data)

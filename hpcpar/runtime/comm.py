@@ -10,7 +10,7 @@ from mpi4py import MPI
 from ..errors import CommunicatorError
 from .abort import install_excepthook
 
-__all__ = ["default_comm", "resolve_comm", "world_rank_size"]
+__all__ = ["default_comm", "idle_barrier", "resolve_comm", "world_rank_size"]
 
 _lock = threading.Lock()
 _default: MPI.Intracomm | None = None
@@ -76,3 +76,16 @@ def world_rank_size() -> tuple[int, int]:
     if MPI.Is_initialized() and not MPI.Is_finalized():
         return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     return launcher_rank_size()
+
+
+def idle_barrier(comm: Any, poll_s: float = 0.002) -> None:
+    """A barrier that sleeps while it waits.
+
+    For ranks that sit out while one rank measures something alone: a spinning
+    ``Barrier`` would take the cores the measured rank needs.
+    """
+    import time
+
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(poll_s)
