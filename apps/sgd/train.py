@@ -7,7 +7,8 @@ packed into buckets of ``bucket_bytes`` (25 MiB by default, like DDP) and each f
 bucket is reduced with ``hpcpar.iallreduce`` at once, overlapping with the
 differentiation of the earlier layers. The update is plain SGD on the averaged
 gradient, so training equals one process with the same global batch (up to the order
-of the floating-point sums; bit for bit at every rank count with ``reproducible=True``).
+of the floating-point sums; bit for bit at every rank count with ``reproducible=True``,
+which computes fixed chunks of the batch separately and sums them in one fixed tree).
 """
 
 from __future__ import annotations
@@ -64,7 +65,14 @@ class SyncTrainer:
         batch: The global batch size (divisible by the number of ranks).
         lr: The learning rate (> 0).
         bucket_bytes: Gradient bucket size.
-        reproducible: Bitwise reproducible reductions.
+        reproducible: Bitwise the same model at every rank count: the global batch is
+            cut into ``chunks`` equal pieces, each piece's gradient is computed alone
+            (on whichever rank holds it), all pieces are gathered and summed in one
+            fixed pairwise tree. Costs ``chunks`` gradients of communication per step
+            and gives up the bucket overlap.
+        chunks: Pieces per global batch with ``reproducible`` (default 12: divides
+            among 1, 2, 3, 4, 6 and 12 ranks); must divide the batch and be a multiple
+            of the ranks.
         seed: The data-order seed.
         shards: With data loaded whole, compose each global batch as ``shards`` shards
             would (the single-process reference of a sharded run); taken from ``data``
@@ -84,6 +92,7 @@ class SyncTrainer:
         lr: float = 0.1,
         bucket_bytes: int = 25 << 20,
         reproducible: bool = False,
+        chunks: int = 12,
         seed: int = 0,
         mode: str = "sync",
         local_steps: int = 8,
@@ -122,6 +131,12 @@ class SyncTrainer:
         self.model, self.data, self.batch, self.lr = model, data, batch, float(lr)
         self.bucket = max(1, bucket_bytes // 8)
         self.reproducible, self.seed = reproducible, seed
+        self.chunks = chunks
+        if reproducible and mode == "sync" and (chunks < 1 or batch % chunks or chunks % self.size):
+            raise SgdError(
+                f"reproducible training cuts the batch into {chunks} chunks: the batch "
+                f"({batch}) must be a multiple of it and it a multiple of the ranks ({self.size})"
+            )
         self.mode, self.local_steps = mode, local_steps
         self.grad = np.zeros(model.n_params)
         self.reduced = np.zeros(model.n_params)
@@ -163,6 +178,10 @@ class SyncTrainer:
             if self.comm is not None and (self.step + 1) % self.local_steps == 0:
                 self.average()
             return loss
+        if self.reproducible:
+            loss = self._exact_step(x, y)
+            model.params -= self.lr * self.reduced
+            return loss
         loss = model.loss_and_grad(x, y, grad, 1.0 / self.batch, on_ready)
         if self.comm is None:
             model.params -= self.lr * grad
@@ -174,6 +193,30 @@ class SyncTrainer:
             request.wait()
         self.comm_seconds += time.perf_counter() - t0
         model.params -= self.lr * self.reduced
+        return loss
+
+    def _exact_step(self, x: Any, y: np.ndarray) -> float:
+        """Gradient of the global batch into ``reduced``, the same bits at any rank count."""
+        per = self.batch // self.chunks
+        mine = y.size // per
+        parts = np.empty((mine, self.model.n_params))
+        loss = 0.0
+        for i in range(mine):
+            loss += self.model.loss_and_grad(x[i * per : (i + 1) * per], y[i * per : (i + 1) * per],
+                                             parts[i], 1.0 / self.batch)  # fmt: skip
+        if self.comm is not None:
+            from hpcpar.runtime.comm import resolve_comm
+
+            t0 = time.perf_counter()
+            every = np.empty((self.chunks, self.model.n_params))
+            resolve_comm(self.comm).Allgather(parts, every)
+            self.comm_seconds += time.perf_counter() - t0
+            parts = every
+        while parts.shape[0] > 1:  # one fixed pairwise tree over the chunk index
+            half = parts.shape[0] // 2
+            paired = parts[: 2 * half : 2] + parts[1 : 2 * half : 2]
+            parts = np.concatenate([paired, parts[2 * half :]]) if parts.shape[0] % 2 else paired
+        self.reduced[:] = parts[0]
         return loss
 
     def average(self) -> None:

@@ -134,3 +134,23 @@ def test_h5_shards_read_only_their_rows_and_standardise_globally(comm, tmp_path)
     assert_all(np.allclose(mine.x_test, whole.x_test, atol=1e-12), "test rows differ", comm)
     with pytest.raises(SgdError, match="shard 5 of 2 does not exist"):
         load_dataset(path, shard=(5, 2))
+
+
+@pytest.mark.parametrize("layout", layouts_for(hpcpar.default_comm().Get_size())[:2])
+def test_reproducible_sync_is_bitwise_one_process(comm, layout):
+    data = load_dataset("digits")
+
+    def run(c):
+        model = make_model("mlp", data.n_features, data.n_classes, hidden=16, seed=4)
+        trainer = SyncTrainer(model, data, c, batch=48, lr=0.05, reproducible=True)
+        for index in range(15):
+            trainer.train_step(trainer._rows(0, index))
+        return model.params
+
+    alone = run(None)
+    with hpcpar.Hierarchy(comm, layout=layout) as h:
+        together = run(h)
+    assert_all(np.array_equal(together, alone), "not bit for bit", comm)
+    with pytest.raises(SgdError, match="into 5 chunks"):  # 48 rows do not cut into 5
+        SyncTrainer(make_model("softmax", 64, 10), data, comm, batch=48, reproducible=True,
+                    chunks=5)  # fmt: skip
