@@ -15,6 +15,7 @@ import bz2
 import contextlib
 import gzip
 import lzma
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,8 +121,8 @@ def read_dimacs(path: str | Path) -> CNF:  # noqa: PLR0912  (one pass, a check p
     """
     path = Path(path)
     n_vars = n_decl = -1
-    lits: list[int] = []
-    starts = [0]
+    lits = array("i")  # 4 bytes a literal, not a Python int each: large files fit
+    starts = array("q", [0])
     pending = 0  # literals of the clause being read
     last = 0
     for number, text in _lines(path):
@@ -166,7 +167,8 @@ def read_dimacs(path: str | Path) -> CNF:  # noqa: PLR0912  (one pass, a check p
         raise SatError(
             f"{path}: the header declares {n_decl} clauses but the file has {len(starts) - 1}"
         )
-    return CNF(n_vars, np.array(lits, dtype=np.int32), np.array(starts, dtype=np.int64))
+    return CNF(n_vars, np.frombuffer(lits, dtype=np.int32).copy(),
+               np.frombuffer(starts, dtype=np.int64).copy())  # fmt: skip
 
 
 def write_dimacs(cnf: CNF, path: str | Path, comments: list[str] | None = None) -> None:
