@@ -139,7 +139,16 @@ def read_dimacs(path: str | Path) -> CNF:  # noqa: PLR0912  (one pass, a check p
             continue
         if n_vars < 0:
             raise SatError(f"{path}: line {number}: clause before the 'p cnf' header")
-        for token in tokens:
+        if pending == 0 and tokens[-1] == "0" and len(tokens) > 1:  # fast path: one clause
+            try:
+                values = list(map(int, tokens))
+            except ValueError:
+                values = []
+            if values and 0 not in values[:-1] and max(map(abs, values)) <= n_vars:
+                lits.extend(values[:-1])
+                starts.append(len(lits))
+                continue
+        for token in tokens:  # the general path, which also names what is wrong
             try:
                 lit = int(token)
             except ValueError:
