@@ -13,22 +13,27 @@ pytest.importorskip("sklearn", reason="the bundled datasets come with scikit-lea
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("layout", layouts_for(hpcpar.default_comm().Get_size())[:3])
-@pytest.mark.parametrize("bucket_bytes", [256, 25 << 20])  # many small buckets, or one
-def test_sync_equals_single_process(comm, layout, bucket_bytes):
+def _alone_and_together(comm, layout, steps, **options):
+    """Final parameters of ``steps`` sync steps on digits: one process, then all ranks."""
     data = load_dataset("digits")
-    batch = 12 * comm.Get_size()
 
     def run(c):
         model = make_model("mlp", data.n_features, data.n_classes, hidden=16, seed=4)
-        trainer = SyncTrainer(model, data, c, batch=batch, lr=0.05, bucket_bytes=bucket_bytes)
-        for index in range(20):
+        trainer = SyncTrainer(model, data, c, lr=0.05, **options)
+        for index in range(steps):
             trainer.train_step(trainer._rows(0, index))
         return model.params
 
     alone = run(None)
     with hpcpar.Hierarchy(comm, layout=layout) as h:
-        together = run(h)
+        return alone, run(h)
+
+
+@pytest.mark.parametrize("layout", layouts_for(hpcpar.default_comm().Get_size())[:3])
+@pytest.mark.parametrize("bucket_bytes", [256, 25 << 20])  # many small buckets, or one
+def test_sync_equals_single_process(comm, layout, bucket_bytes):
+    alone, together = _alone_and_together(comm, layout, 20, batch=12 * comm.Get_size(),
+                                          bucket_bytes=bucket_bytes)  # fmt: skip
     worst = float(np.abs(together - alone).max())
     assert_all(worst < 1e-10, f"parameters differ by {worst}", comm)
 
@@ -138,19 +143,8 @@ def test_h5_shards_read_only_their_rows_and_standardise_globally(comm, tmp_path)
 
 @pytest.mark.parametrize("layout", layouts_for(hpcpar.default_comm().Get_size())[:2])
 def test_reproducible_sync_is_bitwise_one_process(comm, layout):
-    data = load_dataset("digits")
-
-    def run(c):
-        model = make_model("mlp", data.n_features, data.n_classes, hidden=16, seed=4)
-        trainer = SyncTrainer(model, data, c, batch=48, lr=0.05, reproducible=True)
-        for index in range(15):
-            trainer.train_step(trainer._rows(0, index))
-        return model.params
-
-    alone = run(None)
-    with hpcpar.Hierarchy(comm, layout=layout) as h:
-        together = run(h)
+    alone, together = _alone_and_together(comm, layout, 15, batch=48, reproducible=True)
     assert_all(np.array_equal(together, alone), "not bit for bit", comm)
     with pytest.raises(SgdError, match="into 5 chunks"):  # 48 rows do not cut into 5
-        SyncTrainer(make_model("softmax", 64, 10), data, comm, batch=48, reproducible=True,
-                    chunks=5)  # fmt: skip
+        SyncTrainer(make_model("softmax", 64, 10), load_dataset("digits"), comm, batch=48,
+                    reproducible=True, chunks=5)  # fmt: skip
