@@ -135,19 +135,17 @@ def _flip(v, cvar, cstart, occ, ostart, a, numtrue, critx, brk, make, false, whe
 @njit(cache=True)
 def search(  # noqa: PLR0912, PLR0915
     alg, params, probs, cvar, csign, cstart, occ, ostart, a, numtrue, critx, brk, make,
-    false, where, nfalse, conf, age, rng, start_flip, max_flips,
+    false, where, nfalse, conf, age, rng, weight, start_flip, max_flips,
 ):  # fmt: skip
     """Flip until no clause is false or ``max_flips`` flips are done; returns the flips.
 
     ``params``: probSAT unused (``probs[b]`` is the weight of break ``b``); WalkSAT
-    ``params[0]`` the noise; CC ``params[0]`` the random-walk probability.
+    ``params[0]`` the noise; CC ``params[0]`` the random-walk probability. ``weight``:
+    scratch as long as the longest clause, allocated once by the caller (this runs once
+    per chunk of flips, so it must not scan the formula).
     """
     cc = alg == ALG_CC
     flips = 0
-    width = 0
-    for c in range(cstart.size - 1):
-        width = max(width, cstart[c + 1] - cstart[c])
-    weight = np.empty(width)
     while flips < max_flips and nfalse[0] > 0:
         c = false[_below(rng, nfalse[0])]
         lo, hi = cstart[c], cstart[c + 1]

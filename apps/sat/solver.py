@@ -106,6 +106,7 @@ class LocalSearch:
         self.ostart = np.zeros(2 * n + 1, dtype=np.int64)
         np.cumsum(np.bincount(lit, minlength=2 * n), out=self.ostart[1:])
         width = int(np.diff(self.cstart).max()) if m else 1
+        self.weight = np.empty(width)  # the search's scratch
         fn, default_cb, default_eps = probsat_defaults(width)
         cb = default_cb if cb is None else float(cb)
         eps = default_eps if eps is None else float(eps)
@@ -157,7 +158,7 @@ class LocalSearch:
                 ALGORITHMS[self.algorithm], self.params, self.probs, self.cvar, self.csign,
                 self.cstart, self.occ, self.ostart, self.a, self.numtrue, self.critx, self.brk,
                 self.make, self.false, self.where, self.nfalse, self.conf, self.age, self.rng,
-                self.flips, chunk,
+                self.weight, self.flips, chunk,
             )  # fmt: skip
             self.flips += done
             self.since_restart += done
