@@ -168,7 +168,6 @@ class _Progress:
     """A one-line progress bar on rank 0 (steps of the epoch, rate), redrawn in place."""
 
     def __init__(self, args: argparse.Namespace, enabled: bool) -> None:
-        import sys
         import time
 
         tty = sys.stdout.isatty()

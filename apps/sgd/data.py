@@ -13,7 +13,7 @@ from .models import SgdError
 
 __all__ = [
     "Dataset", "load_dataset", "DATASETS", "epoch_order", "strided_batches", "shard_bounds",
-    "shard_order",
+    "shard_order", "batch_rows", "local_shard_order",
 ]  # fmt: skip
 
 DATASETS = ("digits", "breast_cancer", "wine", "synthetic", "synthetic_sparse")
@@ -68,6 +68,21 @@ def epoch_order(seed: int, epoch: int, rows: int) -> np.ndarray:
     return order
 
 
+def batch_rows(seed: int, epoch: int, rows: int, index: int, batch: int, rank: int,
+               ranks: int) -> np.ndarray:  # fmt: skip
+    """Rank ``rank``'s rows of global batch ``index`` under one global shuffle."""
+    mine = batch // ranks
+    start = index * batch + rank * mine
+    return epoch_order(seed, epoch, rows)[start : start + mine]
+
+
+def local_shard_order(seed: int, epoch: int, data: Dataset) -> np.ndarray:
+    """``shard_order`` of the shard ``data`` holds, as row numbers of ``data.x_train``."""
+    assert data.shard is not None
+    lo = shard_bounds(data.n_total, *data.shard)[0]
+    return shard_order(seed, epoch, *data.shard, data.n_total) - lo
+
+
 def strided_batches(order: np.ndarray, part: int, parts: int, batch: int) -> list[np.ndarray]:
     """Part ``part`` of ``parts`` of an epoch (every parts-th row), in whole batches."""
     mine = order[part::parts]
@@ -117,6 +132,12 @@ def load_file(path: str, seed: int = 0) -> Dataset:
         raise SgdError(
             f"{file}: not a readable .npz or .h5 file ({exc.__class__.__name__})"
         ) from None
+    _check_xy(file, x, y)
+    return _split(file.name, x.astype(np.float64), y, seed)
+
+
+def _check_xy(file: Any, x: Any, y: np.ndarray) -> np.ndarray:
+    """Check a user file's ``x`` (array or h5py dataset) and ``y``; returns the classes."""
     if x.ndim != 2 or y.ndim != 1 or x.shape[0] != y.shape[0]:
         raise SgdError(
             f"{file}: x must be rows x features and y one label per row; "
@@ -124,9 +145,10 @@ def load_file(path: str, seed: int = 0) -> Dataset:
         )
     if x.dtype.kind not in "fiu" or y.dtype.kind not in "iu":
         raise SgdError(f"{file}: x must be numeric and y integer labels (got {x.dtype}, {y.dtype})")
-    if np.unique(y).size < 2:
+    classes = np.unique(y)
+    if classes.size < 2:
         raise SgdError(f"{file}: y holds fewer than two classes")
-    return _split(file.name, x.astype(np.float64), y, seed)
+    return classes
 
 
 def load_dataset(
@@ -203,15 +225,7 @@ def _load_h5_shard(path: str, seed: int, shard: tuple[int, int], comm: Any) -> D
     try:
         with h5py.File(file, "r") as f:
             xd, y = f["x"], np.asarray(f["y"][()])
-            if xd.ndim != 2 or y.ndim != 1 or xd.shape[0] != y.shape[0]:
-                raise SgdError(
-                    f"{file}: x must be rows x features and y one label per row; "
-                    f"got x {xd.shape}, y {y.shape}"
-                )
-            if xd.dtype.kind not in "fiu" or y.dtype.kind not in "iu":
-                raise SgdError(
-                    f"{file}: x must be numeric and y integer labels (got {xd.dtype}, {y.dtype})"
-                )
+            classes = _check_xy(file, xd, y)
             order = np.random.default_rng(seed).permutation(y.size)
             cut = int(0.8 * y.size)
             lo, hi = shard_bounds(cut, *shard)
@@ -225,9 +239,6 @@ def _load_h5_shard(path: str, seed: int, shard: tuple[int, int], comm: Any) -> D
         raise SgdError(f"{file}: {cut} training rows for {shard[1]} shards")
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(x_test))):
         raise SgdError(f"dataset {file.name}: features contain NaN or infinity")
-    classes = np.unique(y)
-    if classes.size < 2:
-        raise SgdError(f"{file}: y holds fewer than two classes")
     moments = np.concatenate([x.sum(axis=0), (x * x).sum(axis=0)])
     if comm is not None:
         from hpcpar.runtime.comm import resolve_comm

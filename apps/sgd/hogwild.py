@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .data import Dataset, epoch_order, shard_bounds, shard_order, strided_batches
+from .data import Dataset, epoch_order, local_shard_order, strided_batches
 from .models import Model, SgdError, output_delta
 from .train import EpochStats, check_training
 
@@ -67,10 +67,8 @@ class HogwildTrainer:
 
     def _rows(self, epoch: int) -> list[np.ndarray]:
         if self.data.shard is not None:  # this rank's shard, in its own order
-            n = self.data.n_total
-            order = shard_order(self.seed, epoch, *self.data.shard, n)
-            order = order - shard_bounds(n, *self.data.shard)[0]
-            return strided_batches(order, 0, 1, self.batch)
+            return strided_batches(local_shard_order(self.seed, epoch, self.data), 0, 1,
+                                   self.batch)  # fmt: skip
         order = epoch_order(self.seed, epoch, self.data.y_train.size)
         return strided_batches(order, self.rank, self.size, self.batch)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .data import Dataset, epoch_order, shard_bounds, shard_order
+from .data import Dataset, batch_rows, local_shard_order, shard_order
 from .models import Model, SgdError
 
 __all__ = ["SyncTrainer", "EpochStats", "check_training"]
@@ -144,20 +144,15 @@ class SyncTrainer:
         self.comm_seconds = 0.0
 
     def _rows(self, epoch: int, index: int) -> np.ndarray:
-        if self.shards:  # the next rows of every shard this process holds
-            mine = self.batch // self.shards
-            parts = [self.rank] if self.size > 1 else range(self.shards)
-            n = self.data.n_total
-            rows = [shard_order(self.seed, epoch, p, self.shards, n)[index * mine :][:mine]
-                    for p in parts]  # fmt: skip
-            out = np.concatenate(rows)
-            if self.data.shard is not None:  # local row numbers of this shard
-                out = out - shard_bounds(n, *self.data.shard)[0]
-            return out
-        order = epoch_order(self.seed, epoch, self.data.y_train.size)
-        mine = self.batch // self.size
-        start = index * self.batch + self.rank * mine
-        return order[start : start + mine]
+        if not self.shards:
+            return batch_rows(self.seed, epoch, self.data.y_train.size, index, self.batch,
+                              self.rank, self.size)  # fmt: skip
+        mine = self.batch // self.shards
+        if self.data.shard is not None:  # this rank's shard: its next rows
+            return local_shard_order(self.seed, epoch, self.data)[index * mine :][:mine]
+        n = self.data.n_total  # one process composing every shard's next rows
+        return np.concatenate([shard_order(self.seed, epoch, p, self.shards, n)
+                               [index * mine :][:mine] for p in range(self.shards)])  # fmt: skip
 
     def train_step(self, rows: np.ndarray) -> float:
         """One SGD step on this rank's ``rows`` of the global batch; its summed loss."""

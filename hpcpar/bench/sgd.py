@@ -111,18 +111,19 @@ class _TorchRun:
 
 def _torch_epoch(run: _TorchRun, e: int) -> tuple[float, float, int]:
     """One epoch of torch DDP on the same global batches as hpcpar's sync mode."""
-    from hpcpar.apps.sgd.data import epoch_order
+    from hpcpar.apps.sgd.data import batch_rows
 
     torch = run.torch
     f = torch.nn.functional
     n = run.data.y_train.size
-    order = epoch_order(run.seed, e, n)
     mine = run.batch // run.size
     steps = n // run.batch
     loss_sum = 0.0
     t0 = time.perf_counter()
     for index in range(steps):
-        rows = torch.from_numpy(order[index * run.batch + run.rank * mine :][:mine].copy())
+        rows = torch.from_numpy(
+            batch_rows(run.seed, e, n, index, run.batch, run.rank, run.size).copy()
+        )  # the rows sync mode takes
         out = run.ddp(run.x[rows])
         loss = f.cross_entropy(out, run.y[rows])  # mean over mine rows; DDP averages ranks
         run.opt.zero_grad(set_to_none=True)
@@ -169,8 +170,7 @@ def _blocking_allreduce_s(trainer: Any, steps: int) -> float:
     t0 = time.perf_counter()
     for _ in range(reps):
         for hi, lo in itertools.pairwise(edges):
-            hpcpar.allreduce(trainer.grad[max(lo, 0) : hi], out=trainer.reduced[max(lo, 0) : hi],
-                             comm=trainer.comm)  # fmt: skip
+            hpcpar.allreduce(trainer.grad[lo:hi], out=trainer.reduced[lo:hi], comm=trainer.comm)
     return (time.perf_counter() - t0) / reps
 
 
