@@ -180,11 +180,12 @@ def gather(config: dict[str, Any]) -> list[dict[str, Any]]:
         status = {"status": "not run"}
         if (folder / "status.json").exists():
             status = json.loads((folder / "status.json").read_text())
-        base = {"point": point["id"], **point["params"], "status": status["status"]}
         results = []
         if status["status"] == "ok" and (folder / "out.json").exists():
             doc = json.loads((folder / "out.json").read_text())["results"]
             results = doc if isinstance(doc, list) else [doc]
+        base = {"point": point["id"], **point["params"], "status": status["status"],
+                "results": len(results)}  # fmt: skip
         for r in results or [{}]:
             flat = {k: v for k, v in r.items() if not isinstance(v, (list, dict))}
             rows.append({**base, **flat})
@@ -201,12 +202,12 @@ def report(folder: str | Path) -> list[Path]:
         rows = json.loads((root / "results.json").read_text())["results"]
     except (OSError, ValueError, KeyError):
         raise UsageError(f"experiment report: no results.json in {root} (run the sweep)") from None
-    lines = ["| point | status | rows |", "|---|---|---|"]
+    lines = ["| point | status | result rows |", "|---|---|---|"]
     by_point: dict[str, list[dict]] = {}
     for r in rows:
         by_point.setdefault(r["point"], []).append(r)
     for point, rs in by_point.items():
-        lines.append(f"| {point} | {rs[0]['status']} | {len([r for r in rs if len(r) > 4])} |")
+        lines.append(f"| {point} | {rs[0]['status']} | {rs[0]['results']} |")
     written = [root / "summary.md"]
     written[0].write_text("\n".join(lines) + "\n")
     written += _plots(root, rows)

@@ -117,9 +117,7 @@ def render_sbatch(
         raise UsageError(f"jobs: --launcher is srun or mpiexec, not {launcher!r}")
     before, command, ok = APPS[app]
     if app_args:
-        before, command = [], shlex.join([app, *app_args] if app != "bench" else app_args)
-        if app == "bench":
-            command = "bench " + command
+        before, command = [], shlex.join([app, *app_args])
     lines = "".join(f'"$HPCPAR" {b}\n' for b in before)
     part = f"#SBATCH --partition={partition}" if partition else _NO_PARTITION
     return _TEMPLATE.format(
