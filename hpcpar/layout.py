@@ -6,6 +6,8 @@ algorithms can be tested and studied without a cluster:
 - ``ppn:K``         consecutive blocks of K ranks; the last node holds the remainder.
 - ``nodes:3,2,2``   explicit node sizes in rank order; they must add up to the job size.
 - ``roundrobin:K``  rank r on node r % K (K nodes, at most one more rank on the first).
+- ``map:0,1,0,1``   the node of every rank, in rank order (how ``Hierarchy.split``
+  hands a sub-communicator its share of a layout).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from .errors import LayoutError
 
 __all__ = ["Layout", "parse_layout", "node_assignment", "format_ranks"]
 
-_FORMS = "expected ppn:K, nodes:A,B,... or roundrobin:K with positive integers"
+_FORMS = "expected ppn:K, nodes:A,B,... or roundrobin:K with positive integers, or map:N0,N1,..."
 
 
 @dataclass(frozen=True)
@@ -35,9 +37,9 @@ class Layout:
         return f"{self.kind}:{','.join(map(str, self.values))}"
 
 
-def _positive_ints(spec: str, text: str) -> tuple[int, ...]:
+def _positive_ints(spec: str, text: str, least: int = 1) -> tuple[int, ...]:
     parts = [p.strip() for p in text.split(",")]
-    if not text.strip() or not all(p.isdigit() and int(p) > 0 for p in parts):
+    if not text.strip() or not all(p.isdigit() and int(p) >= least for p in parts):
         raise LayoutError(f"malformed layout {spec!r}: {_FORMS}")
     return tuple(int(p) for p in parts)
 
@@ -50,10 +52,10 @@ def parse_layout(spec: str) -> Layout:
     """
     kind, sep, rest = spec.strip().partition(":")
     kind = kind.strip().lower()
-    if not sep or kind not in ("ppn", "nodes", "roundrobin"):
+    if not sep or kind not in ("ppn", "nodes", "roundrobin", "map"):
         raise LayoutError(f"malformed layout {spec!r}: {_FORMS}")
-    values = _positive_ints(spec, rest)
-    if kind != "nodes" and len(values) != 1:
+    values = _positive_ints(spec, rest, least=0 if kind == "map" else 1)
+    if kind in ("ppn", "roundrobin") and len(values) != 1:
         raise LayoutError(f"malformed layout {spec!r}: {kind} takes one number ({_FORMS})")
     return Layout(kind, values)
 
@@ -79,6 +81,12 @@ def node_assignment(spec: str | Layout, size: int) -> list[int]:
                 "every node needs at least one rank"
             )
         return [r % k for r in range(size)]
+    if layout.kind == "map":
+        if len(layout.values) != size:
+            raise LayoutError(f"layout map:... names the node of {len(layout.values)} "
+                              f"rank(s) but the job has {size}")  # fmt: skip
+        number: dict[int, int] = {}  # renumbered in the order of each node's lowest rank
+        return [number.setdefault(node, len(number)) for node in layout.values]
     total = sum(layout.values)
     if total != size:
         raise LayoutError(

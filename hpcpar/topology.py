@@ -163,6 +163,18 @@ class Hierarchy:
             )
         return "\n".join(lines)
 
+    def split(self, color: int, key: int = 0) -> Hierarchy:
+        """The hierarchy of ``comm.Split(color, key)``: each rank keeps its node (collective).
+
+        A plain communicator from ``Split`` would make hpcpar's collectives read
+        ``HPCPAR_LAYOUT`` afresh for it (a layout meant for the whole job); this passes the
+        sub-communicator exactly the nodes its ranks are on, as a ``map:`` layout.
+        """
+        sub = self.comm.Split(color, key)
+        node = self.node_of[self.comm.Get_rank()]
+        nodes = sub.allgather(node)
+        return Hierarchy(sub, layout="map:" + ",".join(map(str, nodes)))
+
     def free(self) -> None:
         """Free the node, leader and rail communicators (collective)."""
         for name in ("node", "leaders", "rail"):

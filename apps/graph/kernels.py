@@ -1,0 +1,129 @@
+"""The loops that cannot be vectorised (early exits, first-wins claims), compiled by numba.
+
+Vertex indices here are local: ``cols`` index a rank's column block (CSR rows), the
+adjacency holds row-block-local indices. Each kernel returns exactly-sized arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["counting_order", "td_expand", "bu_scan", "relax", "claim", "improve"]
+
+
+@njit(cache=True)
+def counting_order(keys: np.ndarray, indptr: np.ndarray) -> np.ndarray:
+    """Stable counting sort: positions of ``keys`` grouped by key (``indptr`` from bincount)."""
+    pos = indptr[:-1].copy()
+    out = np.empty(keys.size, dtype=np.int64)
+    for k in range(keys.size):
+        key = keys[k]
+        out[pos[key]] = k
+        pos[key] += 1
+    return out
+
+
+@njit(cache=True)
+def td_expand(indptr, adj, cols, globs, seen):
+    """Top-down: neighbours of frontier vertices not yet sent, with the frontier parent."""
+    total = 0
+    for c in cols:
+        total += indptr[c + 1] - indptr[c]
+    out_v = np.empty(total, dtype=np.int64)
+    out_p = np.empty(total, dtype=np.int64)
+    k = 0
+    for t in range(cols.size):
+        c, g = cols[t], globs[t]
+        for e in range(indptr[c], indptr[c + 1]):
+            v = adj[e]
+            if not seen[v]:
+                seen[v] = True
+                out_v[k] = v
+                out_p[k] = g
+                k += 1
+    return out_v[:k], out_p[:k]
+
+
+@njit(cache=True)
+def bu_scan(indptr, adj, cols, frontier):
+    """Bottom-up: for each unvisited vertex, its first neighbour in the frontier (if any)."""
+    out_c = np.empty(cols.size, dtype=np.int64)
+    out_v = np.empty(cols.size, dtype=np.int64)
+    k = 0
+    for c in cols:
+        for e in range(indptr[c], indptr[c + 1]):
+            v = adj[e]
+            if frontier[v]:
+                out_c[k] = c
+                out_v[k] = v
+                k += 1
+                break
+    return out_c[:k], out_v[:k]
+
+
+@njit(cache=True)
+def relax(indptr, adj, weight, cols, dist, globs, light, delta, best):
+    """Delta-stepping: tentative distances over light (w < delta) or heavy edges.
+
+    Segments are sorted by weight, so light edges are a prefix. ``best`` (row-local)
+    holds the smallest distance this rank has sent for each target; a candidate no
+    better than it cannot improve the owner's distance and is not sent.
+    """
+    total = 0
+    for c in cols:
+        total += indptr[c + 1] - indptr[c]
+    out_v = np.empty(total, dtype=np.int64)
+    out_d = np.empty(total, dtype=np.float64)
+    out_p = np.empty(total, dtype=np.int64)
+    k = 0
+    for t in range(cols.size):
+        c, d, g = cols[t], dist[t], globs[t]
+        start, stop = indptr[c], indptr[c + 1]
+        split = start
+        while split < stop and weight[split] < delta:
+            split += 1
+        lo, hi = (start, split) if light else (split, stop)
+        for e in range(lo, hi):
+            v = adj[e]
+            nd = d + weight[e]
+            if nd < best[v]:
+                best[v] = nd
+                out_v[k] = v
+                out_d[k] = nd
+                out_p[k] = g
+                k += 1
+    return out_v[:k], out_d[:k], out_p[:k]
+
+
+@njit(cache=True)
+def claim(parent, local, par):
+    """First candidate wins: set unvisited vertices' parents; the newly visited, in order."""
+    out = np.empty(local.size, dtype=np.int64)
+    k = 0
+    for t in range(local.size):
+        v = local[t]
+        if parent[v] < 0:
+            parent[v] = par[t]
+            out[k] = v
+            k += 1
+    return out[:k]
+
+
+@njit(cache=True)
+def improve(dist, parent, local, cand, par, mark):
+    """Keep the smallest tentative distance (ties: the earlier candidate); changed vertices."""
+    out = np.empty(local.size, dtype=np.int64)
+    k = 0
+    for t in range(local.size):
+        v = local[t]
+        if cand[t] < dist[v]:
+            dist[v] = cand[t]
+            parent[v] = par[t]
+            if not mark[v]:
+                mark[v] = True
+                out[k] = v
+                k += 1
+    for t in range(k):
+        mark[out[t]] = False
+    return out[:k]

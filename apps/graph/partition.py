@@ -1,0 +1,200 @@
+"""Vertex partitions (1D vertex- or edge-balanced, 2D grids, node-first) and their exchanges.
+
+Every partition is an R x C grid of *slots*; slot ``s = i * C + j`` owns the vertex
+range ``[bounds[s], bounds[s + 1])`` and sits at grid row i, column j. Its row block
+``R_i`` (slots ``i*C .. i*C + C - 1``) is one contiguous vertex range, its column block
+``C_j`` the union of slots ``j, C + j, 2C + j, ...``. The rank at (i, j) stores every
+adjacency pair (u, v) with u in ``C_j`` and v in ``R_i``, so:
+
+- 1D (``1d-vertex``, ``1d-edge``, ``hier``) is the 1 x P grid: a rank keeps its own
+  vertices' whole adjacency; candidates travel over the row (every rank).
+- 2D is an R x C grid (R <= C, as square as the rank count allows): frontiers are
+  gathered along a column, candidates folded along a row (Buluc and Madduri).
+
+``hier`` orders the slots node by node (a node's ranks own one contiguous range, cut by
+edges like ``1d-edge``) and routes each exchange through the node leaders, so exactly one
+message crosses the network per pair of nodes per exchange.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcpar.collectives import alltoallv
+from hpcpar.topology import Hierarchy
+
+from .kronecker import GraphError
+
+__all__ = ["PARTITIONS", "Grid", "Exchange", "grid_shape", "edge_balanced_bounds"]
+
+PARTITIONS = ("1d-vertex", "1d-edge", "2d", "hier")
+
+
+def grid_shape(size: int, grid: str | None = None) -> tuple[int, int]:
+    """R x C for ``size`` ranks: ``grid`` ("RxC") when given, else the squarest R <= C."""
+    if grid:
+        try:
+            rows, cols = (int(x) for x in grid.lower().split("x"))
+        except ValueError:
+            raise GraphError(f"--grid wants RxC (for example 2x2), not {grid!r}") from None
+        if rows < 1 or cols < 1 or rows * cols != size:
+            raise GraphError(f"grid {grid} does not have {size} ranks")
+        return rows, cols
+    rows = max(r for r in range(1, math.isqrt(size) + 1) if size % r == 0)
+    return rows, size // rows
+
+
+def edge_balanced_bounds(h: Hierarchy, n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Slot bounds so that every one of ``comm``'s size slots holds about the same degree sum.
+
+    Degrees (self-loops excluded, duplicates counted) are computed in equal vertex blocks
+    (each rank counts the endpoints routed to it), then the cut points come from the
+    global prefix sum (an exclusive scan), so no rank ever holds all n degrees.
+    """
+    size, rank = h.size, h.rank
+    comm = h.comm
+    block = np.linspace(0, n, size + 1).astype(np.int64)
+    keep = src != dst
+    ends = np.concatenate([src[keep], dst[keep]])
+    owner = np.searchsorted(block, ends, side="right") - 1
+    order = np.argsort(owner, kind="stable")
+    got, _ = alltoallv(ends[order], np.bincount(owner, minlength=size).tolist(), comm=h)
+    lo = int(block[rank])
+    degree = np.bincount(got - lo, minlength=int(block[rank + 1]) - lo).astype(np.int64)
+    before = comm.exscan(int(degree.sum())) or 0
+    total = comm.allreduce(int(degree.sum()))
+    cumulative = before + np.cumsum(degree)  # degree sum up to and including each vertex
+    targets = total * np.arange(1, size, dtype=np.float64) / size
+    cuts = np.zeros(size - 1, dtype=np.int64)
+    inside = (targets > before) & (targets <= before + degree.sum())
+    cuts[inside] = lo + np.searchsorted(cumulative, targets[inside], side="left") + 1
+    comm.Allreduce(MPI.IN_PLACE, cuts, op=MPI.MAX)
+    bounds = np.concatenate([[0], np.maximum.accumulate(cuts), [n]]).astype(np.int64)
+    return np.minimum(bounds, n)
+
+
+@dataclass
+class Grid:
+    """Where slot, row and column blocks lie, and which rank holds which slot."""
+
+    kind: str
+    n: int
+    rows: int
+    cols: int
+    bounds: np.ndarray  # P + 1 vertex bounds, in slot order
+    slot_rank: np.ndarray  # rank of comm holding each slot
+    slot: int  # this rank's slot
+    col_offset: np.ndarray = field(init=False)  # start of slot (r, j) in C_j's local index
+
+    def __post_init__(self) -> None:
+        self.i, self.j = divmod(self.slot, self.cols)
+        sizes = np.diff(self.bounds).reshape(self.rows, self.cols)
+        self.col_offset = np.concatenate([[0], np.cumsum(sizes[:, self.j])]).astype(np.int64)
+
+    @property
+    def lo(self) -> int:
+        return int(self.bounds[self.slot])
+
+    @property
+    def hi(self) -> int:
+        return int(self.bounds[self.slot + 1])
+
+    @property
+    def row_lo(self) -> int:
+        return int(self.bounds[self.i * self.cols])
+
+    @property
+    def row_hi(self) -> int:
+        return int(self.bounds[(self.i + 1) * self.cols])
+
+    @property
+    def col_size(self) -> int:
+        return int(self.col_offset[-1])
+
+    def owner_slot(self, v: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.bounds, v, side="right") - 1
+
+    def to_col(self, v: np.ndarray) -> np.ndarray:
+        """Column-local index of vertices known to lie in this rank's column block."""
+        r = self.owner_slot(v) // self.cols
+        return v - self.bounds[r * self.cols + self.j] + self.col_offset[r]
+
+    def from_col(self, c: np.ndarray) -> np.ndarray:
+        r = np.searchsorted(self.col_offset, c, side="right") - 1
+        return c - self.col_offset[r] + self.bounds[r * self.cols + self.j]
+
+    def own_in_col(self) -> int:
+        """Column-local index of this rank's first vertex."""
+        return int(self.col_offset[self.i])
+
+
+class Exchange:
+    """Rows of int64 sent to members of a ``Hierarchy``: flat alltoallv, or through leaders.
+
+    With ``hier=True`` a member's off-node rows go first to its node leader, leaders
+    exchange one message per node pair, and leaders hand rows out on arrival (rows for the
+    member's own node go straight there in the first step). ``intra``/``inter`` count the
+    bytes each step moved within and between nodes, ``messages_inter`` the messages that
+    crossed nodes. Every step is an ``hpcpar.alltoallv``, so its algorithm choice applies.
+    """
+
+    def __init__(self, h: Hierarchy, hier: bool = False) -> None:
+        self.h = h
+        self.size, self.rank = h.size, h.rank
+        self.node_of = np.asarray(h.node_of, dtype=np.int64)
+        self.hier = hier and h.n_nodes > 1
+        self.intra = self.inter = self.messages_inter = 0
+        if self.hier:
+            self.node_h = h.split(h.node_index, self.rank)
+            self.lead_h = h.split(0 if h.is_leader else 1, self.rank)
+            self.local_index = np.full(self.size, -1, dtype=np.int64)
+            self.local_index[h.ranks_of_node(h.node_index)] = np.arange(h.local_size)
+
+    def free(self) -> None:
+        """Free the communicators of the leader route (collective)."""
+        if self.hier:
+            for sub in (self.node_h, self.lead_h):
+                comm = sub.comm
+                sub.free()
+                comm.Free()
+
+    def __call__(self, dest: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Send ``rows[k]`` (an (m, w) int64 array) to member ``dest[k]``; rows received."""
+        if self.hier:
+            return self._through_leaders(dest, rows)
+        return self._flat(self.h, dest, rows, self.node_of)
+
+    def _flat(self, h: Hierarchy, dest: np.ndarray, rows: np.ndarray,
+              node_of: np.ndarray) -> np.ndarray:  # fmt: skip
+        width, size, me = rows.shape[1], h.size, h.rank
+        counts = np.bincount(dest, minlength=size)
+        order = np.argsort(dest, kind="stable")
+        nbytes = counts * width * 8
+        same = node_of == node_of[me]
+        self.intra += int(nbytes[same].sum() - nbytes[me])
+        self.inter += int(nbytes[~same].sum())
+        self.messages_inter += int(np.count_nonzero(counts[~same]))
+        got, _ = alltoallv(rows[order].reshape(-1), (counts * width).tolist(), comm=h)
+        return got.reshape(-1, width)
+
+    def _through_leaders(self, dest: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        width, node_h = rows.shape[1], self.node_h
+        local = self.local_index[dest]
+        tagged = np.concatenate([rows, dest[:, None]], axis=1)
+        one_node = np.zeros(node_h.size, dtype=np.int64)
+        got = self._flat(node_h, np.where(local >= 0, local, 0), tagged, one_node)
+        mine = got[:, width] == self.rank
+        keep, onward = got[mine, :width], got[~mine]
+        if self.h.is_leader:  # leaders' communicator: one leader per node, in node order
+            nodes = np.arange(self.lead_h.size)
+            moved = self._flat(self.lead_h, self.node_of[onward[:, width]], onward, nodes)
+            last = self.local_index[moved[:, width]]
+        else:
+            moved = np.empty((0, width + 1), dtype=np.int64)
+            last = np.empty(0, dtype=np.int64)
+        out = self._flat(node_h, last, moved, one_node)
+        return np.concatenate([keep, out[:, :width]])

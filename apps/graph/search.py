@@ -1,0 +1,152 @@
+"""Distributed BFS (direction-optimising) and SSSP (delta-stepping) on a ``DistGraph``.
+
+BFS is level-synchronous. Top-down: the frontier is gathered along each grid column,
+every rank expands the frontier vertices of its column block into candidate (child,
+parent) pairs for its row block, and candidates are folded along the row to their
+owners, where the first one wins. Bottom-up: the frontier (as a bitmap) is gathered along
+the row and the visited bitmap along the column; every unvisited vertex of the column
+block looks for its first neighbour in the frontier (numba, early exit) and the finds are
+folded along the column. The switch follows Beamer et al.: top-down -> bottom-up when
+the frontier's edges exceed the unvisited vertices' edges / alpha, back when the frontier
+holds fewer than n / beta vertices and shrinks.
+
+SSSP is Meyer and Sanders' delta-stepping: buckets of width delta; light edges (w <
+delta) are relaxed until the current bucket stops changing, then heavy edges once.
+Relaxations travel like top-down candidates (gather along the column, fold along the row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+
+from .graph import DistGraph
+from .kernels import bu_scan, claim, improve, relax, td_expand
+from .kronecker import GraphError
+
+__all__ = ["bfs", "sssp", "SearchResult"]
+
+
+@dataclass
+class SearchResult:
+    """A search's answer for the owned vertices, and what it did."""
+
+    root: int
+    parent: np.ndarray  # global parent of each owned vertex, -1 when unreached
+    dist: np.ndarray | None = None  # SSSP distances (inf when unreached)
+    levels: list[str] = field(default_factory=list)  # "td"/"bu" per BFS level
+    rounds: int = 0  # SSSP: relaxation rounds
+
+    def traversed_edges(self, g: DistGraph) -> int:
+        """Input edges (self-loops excluded) with both ends in the searched component."""
+        local = int(g.degree[self.parent >= 0].sum())
+        return g.comm.allreduce(local) // 2
+
+
+def _check_root(g: DistGraph, root: int) -> None:
+    if not 0 <= root < g.n:
+        raise GraphError(f"root {root} is outside [0, {g.n})")
+    lo = g.grid.lo
+    degree = int(g.degree[root - lo]) if lo <= root < g.grid.hi else 0
+    if g.comm.allreduce(degree) == 0:
+        raise GraphError(f"root {root} has degree 0 (the specification searches from "
+                         f"vertices with at least one edge that is not a self-loop)")  # fmt: skip
+
+
+def bfs(g: DistGraph, root: int, *, direction: str = "auto", alpha: float = 14.0,
+        beta: float = 24.0) -> SearchResult:  # fmt: skip
+    """Breadth-first search from ``root`` (collective); ``direction``: auto, top-down, bottom-up."""
+    if direction not in ("auto", "top-down", "bottom-up"):
+        raise GraphError(f"direction must be auto, top-down or bottom-up, not {direction!r}")
+    _check_root(g, root)
+    grid, lo = g.grid, g.grid.lo
+    parent = np.full(g.own, -1, dtype=np.int64)
+    frontier = np.empty(0, dtype=np.int64)
+    if lo <= root < grid.hi:
+        parent[root - lo] = root
+        frontier = np.array([root - lo], dtype=np.int64)
+    seen = np.zeros(grid.row_hi - grid.row_lo, dtype=bool)
+    if grid.row_lo <= root < grid.row_hi:
+        seen[root - grid.row_lo] = True
+    row_sizes, col_sizes = g.row_sizes(), g.col_sizes()
+    totals = np.array([1, int(g.degree.sum()), 0], dtype=np.int64)  # n_f, m_u, m_f
+    g.comm.Allreduce(MPI.IN_PLACE, totals)
+    n_f, m_u = int(totals[0]), int(totals[1])
+    m_f, previous, top_down, levels = 0, 0, direction != "bottom-up", []
+    while n_f > 0:
+        if direction == "auto":
+            if top_down and m_f > m_u / alpha:
+                top_down = False
+            elif not top_down and n_f < g.n / beta and n_f < previous:
+                top_down = True
+        levels.append("td" if top_down else "bu")
+        if top_down:
+            glob = g.gather_col(frontier + lo)
+            v, p = td_expand(g.indptr, g.adj, grid.to_col(glob), glob, seen)
+            v += grid.row_lo
+            got = g.row_x(grid.owner_slot(v) - grid.i * grid.cols, np.stack([v, p], axis=1))
+        else:
+            mask = np.zeros(g.own, dtype=bool)
+            mask[frontier] = True
+            front = g.gather_bits(g.row_h, mask, row_sizes)
+            visited = g.gather_bits(g.col_h, parent >= 0, col_sizes)
+            c, v = bu_scan(g.indptr, g.adj, np.flatnonzero(~visited), front)
+            u = grid.from_col(c)
+            got = g.col_x(grid.owner_slot(u) // grid.cols, np.stack([u, v + grid.row_lo], axis=1))
+        frontier = claim(parent, got[:, 0] - lo, got[:, 1])
+        deg = g.degree[frontier]
+        totals[:] = (frontier.size, -int(deg.sum()), int(deg.sum()))
+        g.comm.Allreduce(MPI.IN_PLACE, totals)
+        previous = n_f
+        n_f, m_u, m_f = int(totals[0]), m_u + int(totals[1]), int(totals[2])
+    return SearchResult(root, parent, levels=levels)
+
+
+def sssp(g: DistGraph, root: int, *, delta: float = 0.1) -> SearchResult:
+    """Single-source shortest paths from ``root`` by delta-stepping (collective)."""
+    if not delta > 0:
+        raise GraphError(f"delta must be positive, not {delta}")
+    _check_root(g, root)
+    grid, lo = g.grid, g.grid.lo
+    dist = np.full(g.own, np.inf)
+    parent = np.full(g.own, -1, dtype=np.int64)
+    done = np.zeros(g.own, dtype=bool)
+    mark = np.zeros(g.own, dtype=bool)
+    best = np.full(grid.row_hi - grid.row_lo, np.inf)
+    if lo <= root < grid.hi:
+        dist[root - lo], parent[root - lo] = 0.0, root
+    if grid.row_lo <= root < grid.row_hi:
+        best[root - grid.row_lo] = 0.0
+    rounds = 0
+
+    def step(active: np.ndarray, light: bool) -> np.ndarray:
+        nonlocal rounds
+        rounds += 1
+        glob = g.gather_col(active + lo)
+        d = g.gather_col(dist[active])
+        v, nd, p = relax(g.indptr, g.adj, g.weight, grid.to_col(glob), d, glob, light,
+                         delta, best)  # fmt: skip
+        v += grid.row_lo
+        rows = np.stack([v, nd.view(np.int64), p], axis=1)
+        got = g.row_x(grid.owner_slot(v) - grid.i * grid.cols, rows)
+        return improve(dist, parent, got[:, 0] - lo, got[:, 1].view(np.float64), got[:, 2], mark)
+
+    while True:
+        pending = np.flatnonzero(~done & (parent >= 0))
+        low = float(np.floor(dist[pending].min() / delta)) if pending.size else np.inf
+        bucket = g.comm.allreduce(low, op=MPI.MIN)
+        if bucket == np.inf:
+            break
+        active = pending[np.floor(dist[pending] / delta) == bucket]
+        settled = []
+        while g.comm.allreduce(active.size) > 0:
+            done[active] = True
+            settled.append(active)
+            changed = step(active, True)
+            done[changed] = False
+            active = changed[np.floor(dist[changed] / delta) == bucket]
+        members = np.unique(np.concatenate(settled)) if settled else np.empty(0, np.int64)
+        done[step(members, False)] = False
+    return SearchResult(root, parent, dist=dist, rounds=rounds)
