@@ -60,8 +60,11 @@ class DistGraph:
 
     @classmethod
     def build(cls, edges: EdgeList, *, comm: Any = None, partition: str = "1d-vertex",
-              grid: str | None = None) -> DistGraph:  # fmt: skip
+              grid: str | None = None, layout: str | None = None) -> DistGraph:  # fmt: skip
         """Partition and distribute ``edges`` (this rank's slice); collective.
+
+        ``comm`` may be a ``Hierarchy`` (its layout is used); otherwise ``layout`` or
+        ``HPCPAR_LAYOUT`` or the real nodes say which ranks share a node.
 
         Raises:
             GraphError: unknown partition, a grid that does not fit, vertex ids outside
@@ -75,8 +78,6 @@ class DistGraph:
         start = time.perf_counter()
         if isinstance(comm, Hierarchy):
             comm, layout = comm.comm, comm.layout
-        else:
-            layout = None
         self.comm = resolve_comm(comm).Dup()
         size, rank = self.comm.Get_size(), self.comm.Get_rank()
         self.h = Hierarchy(self.comm, layout=layout)

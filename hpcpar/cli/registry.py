@@ -31,6 +31,7 @@ BUILTIN_MODULES = (
     "hpcpar.apps.cfr.cli",
     "hpcpar.apps.sgd.cli",
     "hpcpar.apps.sat.cli",
+    "hpcpar.apps.graph.cli",
     "hpcpar.bench.command",
 )
 

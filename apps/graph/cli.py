@@ -1,0 +1,109 @@
+"""``hpcpar graph bfs|sssp|all|generate``: the Graph500 benchmark and its edge lists."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from hpcpar.cli.common import add_layout_argument
+from hpcpar.cli.registry import Command, register
+
+__all__: list[str] = []
+
+_EPILOG = """\
+actions:
+  bfs        Graph500 kernel 2: BFS from --roots search keys, printed as the
+             specification's output block (harmonic-mean TEPS)
+  sssp       Graph500 kernel 3: single-source shortest paths (delta-stepping)
+  all        both kernels from the same keys, like the reference implementation
+  generate   write the Kronecker edge list to --out FILE.h5 (read back with --input)
+
+The graph is the specification's Kronecker graph (--scale, --edgefactor, --seed), or an
+edge list from --input: text lines "u v [w]", an (m, 2|3) .npy array, or an .h5 file
+from 'generate'. Partitions: 1d-vertex (equal vertex ranges), 1d-edge (ranges cut by
+degree), 2d (R x C process grid, --grid), hier (node-first ranges, exchanges routed
+through node leaders). Exit status 2 on bad input or a result that fails validation.
+"""
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .partition import PARTITIONS
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _EPILOG
+    parser.add_argument("action", choices=("bfs", "sssp", "all", "generate"))
+    parser.add_argument("--scale", type=int, default=16, help="log2 of the vertex count (16)")
+    parser.add_argument("--edgefactor", type=int, default=16, help="edges per vertex (16)")
+    parser.add_argument("--seed", type=int, default=1, help="generator and key seed (1)")
+    parser.add_argument("--input", metavar="FILE", help="read the edge list from FILE")
+    parser.add_argument("--vertices", type=int, metavar="N", help="--input: vertex count")
+    parser.add_argument("--partition", choices=PARTITIONS, default="1d-vertex")
+    parser.add_argument("--grid", metavar="RxC", help="2d: process grid (default: squarest)")
+    parser.add_argument("--roots", type=int, default=64, help="search keys (64)")
+    parser.add_argument("--root", type=int, help="search from this vertex only")
+    parser.add_argument("--validate", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the validator after every search (default: on)")  # fmt: skip
+    parser.add_argument("--delta", type=float, help="SSSP bucket width (1 / mean degree)")
+    parser.add_argument("--direction", choices=("auto", "top-down", "bottom-up"),
+                        default="auto", help="BFS direction (auto: Beamer's switch)")  # fmt: skip
+    parser.add_argument("--alpha", type=float, default=14.0, help="top-down -> bottom-up")
+    parser.add_argument("--beta", type=float, default=24.0, help="bottom-up -> top-down")
+    parser.add_argument("--out", metavar="FILE", help="JSON results (generate: the .h5 file)")
+    add_layout_argument(parser)
+
+
+def _run(comm: Any, args: argparse.Namespace) -> int:
+    from .driver import output_block, run
+    from .kronecker import GraphError, kronecker
+
+    if args.roots < 1:
+        raise GraphError(f"--roots must be at least 1, not {args.roots}")
+    if args.action == "generate":
+        from .edgefile import write_h5
+
+        if not args.out:
+            raise GraphError("generate needs --out FILE.h5")
+        edges = kronecker(args.scale, args.edgefactor, args.seed, comm.Get_rank(),
+                          comm.Get_size())  # fmt: skip
+        write_h5(args.out, edges, comm, {"scale": args.scale, "edgefactor": args.edgefactor,
+                                         "seed": args.seed})  # fmt: skip
+        if comm.Get_rank() == 0:
+            print(f"wrote {edges.n_edges:,} edges on {edges.n_vertices:,} vertices to {args.out}")
+        return 0
+    edges = None
+    scale = args.scale
+    if args.input:
+        from .edgefile import read_edges
+
+        edges = read_edges(args.input, comm, args.vertices)
+        scale = None
+    kinds = ("bfs", "sssp") if args.action == "all" else (args.action,)
+    result = run(comm, kinds=kinds, scale=scale, edgefactor=args.edgefactor, seed=args.seed,
+                 edges=edges, partition=args.partition, grid=args.grid, roots=args.roots,
+                 root=args.root, validate_results=args.validate, delta=args.delta,
+                 direction=args.direction, alpha=args.alpha, beta=args.beta,
+                 layout=args.layout)  # fmt: skip
+    if comm.Get_rank() == 0:
+        print(output_block(result))
+        sys.stdout.flush()
+    if args.out:
+        from dataclasses import asdict
+
+        from hpcpar.runtime.results import write_json
+
+        doc = asdict(result)
+        for kind in result.times:
+            doc[f"{kind}_harmonic_mean_teps"] = result.harmonic_teps(kind)
+        write_json(args.out, doc, comm=comm, layout=args.layout, parameters=vars(args))
+    return 0
+
+
+register(
+    Command(
+        "graph",
+        "Graph500 BFS and SSSP on Kronecker graphs or edge files, validated, in TEPS",
+        _add_arguments,
+        _run,
+    )
+)
