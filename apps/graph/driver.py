@@ -52,6 +52,7 @@ class RunResult:
     imbalance: dict[str, Any] = field(default_factory=dict)
 
     def harmonic_teps(self, kind: str) -> float:
+        """Harmonic mean TEPS of ``kind`` ("bfs" or "sssp"), as the specification defines it."""
         secs = np.array(self.times[kind]) / np.array(self.nedge, dtype=np.float64)
         return float(1.0 / secs.mean())
 
@@ -168,65 +169,66 @@ def run(comm: Any, *, kinds: tuple[str, ...] = ("bfs",), scale: int | None = 16,
     Raises:
         GraphError: bad parameters or input, or a result the validator rejects.
     """
-    size, rank = comm.Get_size(), comm.Get_rank()
-    ranks_here = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
-    if edges is None:
-        if scale is None or not 1 <= scale <= 40 or edgefactor < 1:
-            raise GraphError(f"need 1 <= SCALE <= 40 and edgefactor >= 1, not SCALE {scale}, "
-                             f"edgefactor {edgefactor}")  # fmt: skip
-        check_memory(comm, edgefactor << scale, ranks_here)
-        edges, generation = _timed(comm, kronecker, scale, edgefactor, seed, rank, size)
-    else:
-        check_memory(comm, comm.allreduce(edges.src.size), ranks_here)
-        generation = 0.0
+    size = comm.Get_size()
+    edges, generation = _edges(comm, edges, scale, edgefactor, seed)
     if "sssp" in kinds:
         agree(comm, _check_weights, edges)
     g, construction = _timed(comm, DistGraph.build, edges, comm=comm, partition=partition,
                              grid=grid, layout=layout)  # fmt: skip
     # No try/finally around the searches: freeing communicators is collective, and after
     # an error on some ranks the others may never get there (the CLI aborts the job).
-    if True:
-        if delta is None:  # Meyer and Sanders: Theta(1 / average degree)
-            delta = 1.0 / max(1.0, 2.0 * g.m / g.n)
-        keys = [root] if root is not None else search_keys(g, roots, seed)
-        result = RunResult(scale, edgefactor if scale is not None else None, g.n, g.m, size,
-                           partition, generation, g.build_seconds, keys)  # fmt: skip
-        result.construction = construction
-        warm = keys[0]
-        bfs(g, warm, direction=direction, alpha=alpha, beta=beta)  # compile and warm up
-        if "sssp" in kinds:
-            sssp(g, warm, delta=delta)
-        g.reset_volume()
+    if delta is None:  # Meyer and Sanders: Theta(1 / average degree)
+        delta = 1.0 / max(1.0, 2.0 * g.m / g.n)
+    keys = [root] if root is not None else search_keys(g, roots, seed)
+    result = RunResult(scale, edgefactor if scale is not None else None, g.n, g.m, size,
+                       partition, generation, construction, keys)  # fmt: skip
+    searches = {"bfs": lambda key: bfs(g, key, direction=direction, alpha=alpha, beta=beta),
+                "sssp": lambda key: sssp(g, key, delta=delta)}  # fmt: skip
+    for kind in kinds:  # compile and warm up
+        searches[kind](keys[0])
+    g.reset_volume()
+    for kind in kinds:
+        result.times[kind], result.validate_times[kind] = [], []
+    for k, key in enumerate(keys):
         for kind in kinds:
-            result.times[kind], result.validate_times[kind] = [], []
-        for k, key in enumerate(keys):
-            for kind in kinds:
-                if kind == "bfs":
-                    found, t = _timed(comm, bfs, g, key, direction=direction, alpha=alpha,
-                                      beta=beta)  # fmt: skip
-                    result.levels.append(found.levels)
-                else:
-                    found, t = _timed(comm, sssp, g, key, delta=delta)
-                result.times[kind].append(t)
-                if kind == kinds[0]:
-                    result.nedge.append(found.traversed_edges(g))
-                if validate_results:
-                    check, vt = _timed(comm, validate, g, edges, key, found.parent, found.dist)
-                    result.validate_times[kind].append(vt)
-                    if not check.ok:
-                        raise ValidationError(f"{kind} from root {key} failed validation: "
-                                              f"{check.examples[0]}")  # fmt: skip
-                    if check.traversed_edges != result.nedge[k]:
-                        raise ValidationError(f"{kind} from root {key}: {result.nedge[k]} "
-                                              f"edges counted, validator found "
-                                              f"{check.traversed_edges}")  # fmt: skip
-            if progress is not None:
-                progress(k + 1, len(keys))
-        if not validate_results:
-            result.validate_times = {}
-        result.imbalance = g.load_imbalance()
+            found, t = _timed(comm, searches[kind], key)
+            result.times[kind].append(t)
+            if kind == "bfs":
+                result.levels.append(found.levels)
+            if kind == kinds[0]:
+                result.nedge.append(found.traversed_edges(g))
+            if validate_results:
+                check, vt = _timed(comm, validate, g, edges, key, found.parent, found.dist)
+                result.validate_times[kind].append(vt)
+                _raise_unless_valid(kind, key, check, result.nedge[k])
+        if progress is not None:
+            progress(k + 1, len(keys))
+    if not validate_results:
+        result.validate_times = {}
+    result.imbalance = g.load_imbalance()
     g.free()
     return result
+
+
+def _edges(comm: Any, edges: EdgeList | None, scale: int | None, edgefactor: int,
+           seed: int) -> tuple[EdgeList, float]:  # fmt: skip
+    ranks_here = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
+    if edges is not None:
+        check_memory(comm, comm.allreduce(edges.src.size), ranks_here)
+        return edges, 0.0
+    if scale is None or not 1 <= scale <= 40 or edgefactor < 1:
+        raise GraphError(f"need 1 <= SCALE <= 40 and edgefactor >= 1, not SCALE {scale}, "
+                         f"edgefactor {edgefactor}")  # fmt: skip
+    check_memory(comm, edgefactor << scale, ranks_here)
+    return _timed(comm, kronecker, scale, edgefactor, seed, comm.Get_rank(), comm.Get_size())
+
+
+def _raise_unless_valid(kind: str, key: int, check: Any, nedge: int) -> None:
+    if not check.ok:
+        raise ValidationError(f"{kind} from root {key} failed validation: {check.examples[0]}")
+    if check.traversed_edges != nedge:
+        raise ValidationError(f"{kind} from root {key}: {nedge} edges counted, the "
+                              f"validator found {check.traversed_edges}")  # fmt: skip
 
 
 def _check_weights(edges: EdgeList) -> None:

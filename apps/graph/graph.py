@@ -149,6 +149,7 @@ class DistGraph:
 
     @property
     def own(self) -> int:
+        """Number of vertices this rank owns."""
         return self.grid.hi - self.grid.lo
 
     def gather_col(self, x: np.ndarray) -> np.ndarray:
@@ -166,22 +167,25 @@ class DistGraph:
         counts = [-(-s // 8) for s in sizes]
         got = allgather(packed, counts=counts, comm=h)
         out, at = [], 0
-        for s, c in zip(sizes, counts):
+        for s, c in zip(sizes, counts, strict=True):
             out.append(np.unpackbits(got[at : at + c], count=s).view(bool))
             at += c
         return np.concatenate(out)
 
     def row_sizes(self) -> list[int]:
+        """Vertices owned by each member of this rank's grid row, in row order."""
         g = self.grid
         return [int(g.bounds[g.i * g.cols + jj + 1] - g.bounds[g.i * g.cols + jj])
                 for jj in range(g.cols)]  # fmt: skip
 
     def col_sizes(self) -> list[int]:
+        """Vertices owned by each member of this rank's grid column, in column order."""
         g = self.grid
         return [int(g.bounds[r * g.cols + g.j + 1] - g.bounds[r * g.cols + g.j])
                 for r in range(g.rows)]  # fmt: skip
 
     def owner_rank(self, v: np.ndarray) -> np.ndarray:
+        """Rank (of ``comm``) owning each global vertex of ``v``."""
         return self.grid.slot_rank[self.grid.owner_slot(v)]
 
     def lookup(self, values: list[np.ndarray], query: np.ndarray) -> list[np.ndarray]:
@@ -215,10 +219,11 @@ class DistGraph:
         mine = [self.own, int(self.adj.size), self.row_x.intra + self.col_x.intra,
                 self.row_x.inter + self.col_x.inter]  # fmt: skip
         table = np.array(self.comm.allgather(mine), dtype=np.int64)
-        return {"vertices": table[:, 0].tolist(), "entries": table[:, 1].tolist(),
-                "bytes_intra": table[:, 2].tolist(), "bytes_inter": table[:, 3].tolist()}  # fmt: skip
+        names = ("vertices", "entries", "bytes_intra", "bytes_inter")
+        return {name: table[:, k].tolist() for k, name in enumerate(names)}
 
     def reset_volume(self) -> None:
+        """Zero the exchange byte counters (before a measured search)."""
         for x in (self.row_x, self.col_x):
             x.intra = x.inter = x.messages_inter = 0
 

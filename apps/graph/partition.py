@@ -97,25 +97,31 @@ class Grid:
 
     @property
     def lo(self) -> int:
+        """First vertex this slot owns."""
         return int(self.bounds[self.slot])
 
     @property
     def hi(self) -> int:
+        """One past the last vertex this slot owns."""
         return int(self.bounds[self.slot + 1])
 
     @property
     def row_lo(self) -> int:
+        """First vertex of the row block R_i."""
         return int(self.bounds[self.i * self.cols])
 
     @property
     def row_hi(self) -> int:
+        """One past the last vertex of the row block R_i."""
         return int(self.bounds[(self.i + 1) * self.cols])
 
     @property
     def col_size(self) -> int:
+        """Vertices in the column block C_j."""
         return int(self.col_offset[-1])
 
     def owner_slot(self, v: np.ndarray) -> np.ndarray:
+        """Slot owning each global vertex of ``v``."""
         return np.searchsorted(self.bounds, v, side="right") - 1
 
     def to_col(self, v: np.ndarray) -> np.ndarray:
@@ -124,6 +130,7 @@ class Grid:
         return v - self.bounds[r * self.cols + self.j] + self.col_offset[r]
 
     def from_col(self, c: np.ndarray) -> np.ndarray:
+        """Global vertex of each column-local index (the inverse of ``to_col``)."""
         r = np.searchsorted(self.col_offset, c, side="right") - 1
         return c - self.col_offset[r] + self.bounds[r * self.cols + self.j]
 

@@ -53,6 +53,7 @@ class Validation:
 
     @property
     def ok(self) -> bool:
+        """Whether no rule was broken."""
         return not any(self.errors.values())
 
 
@@ -72,6 +73,18 @@ def _levels(g: DistGraph, parent: np.ndarray, root: int) -> tuple[np.ndarray, in
             return level, int(pending.size)
 
 
+def _triangle(la: np.ndarray, lb: np.ndarray, dist: tuple[np.ndarray, np.ndarray] | None,
+              w: np.ndarray, both: np.ndarray, rtol: float) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """Per edge: the triangle rule broken, and whether b (a) may hang below a (b)."""
+    if dist is None:
+        return both & (np.abs(la - lb) > 1), lb == la + 1, la == lb + 1
+    da, db = dist
+    with np.errstate(invalid="ignore"):  # inf - inf between unreached vertices
+        tol = rtol * (1.0 + np.maximum(np.abs(da), np.abs(db)))
+        violates = both & ((da + w < db - tol) | (db + w < da - tol))
+        return violates, np.abs(db - (da + w)) <= tol, np.abs(da - (db + w)) <= tol
+
+
 def validate(g: DistGraph, edges: EdgeList, root: int, parent: np.ndarray,
              dist: np.ndarray | None = None, *, rtol: float = 1e-9) -> Validation:  # fmt: skip
     """Check a BFS (``dist=None``) or SSSP result (collective); never raises on a bad result."""
@@ -86,8 +99,9 @@ def validate(g: DistGraph, edges: EdgeList, root: int, parent: np.ndarray,
                 examples.append(f"{rule}: {describe}")
 
     out_of_range = np.flatnonzero((parent < -1) | (parent >= n))
-    flag(_RULES[0], out_of_range, f"vertex {out_of_range[:1] + lo} has parent "
-         f"{parent[out_of_range[:1]]}")  # fmt: skip
+    if out_of_range.size:
+        k = out_of_range[0]
+        flag(_RULES[0], out_of_range, f"vertex {k + lo} has parent {parent[k]}")
     parent = np.where((parent < -1) | (parent >= n), -1, parent)
     if lo <= root < g.grid.hi:
         bad_root = parent[root - lo] != root or (dist is not None and dist[root - lo] != 0)
@@ -103,28 +117,23 @@ def validate(g: DistGraph, edges: EdgeList, root: int, parent: np.ndarray,
     reached_a, reached_b = pa >= 0, pb >= 0
     traversed = int(np.count_nonzero(reached_a | reached_b))
     mixed = np.flatnonzero(reached_a != reached_b)
-    flag(_RULES[3], mixed, f"edge {a[mixed[:1]]}-{b[mixed[:1]]}")
+    if mixed.size:
+        flag(_RULES[3], mixed, f"edge {a[mixed[0]]}-{b[mixed[0]]}")
     both = reached_a & reached_b
-    if dist is None:
-        violates = both & (np.abs(la - lb) > 1)
-        step_ab = lb == la + 1
-        step_ba = la == lb + 1
-    else:
-        da, db = got[2][: a.size], got[2][a.size :]
-        tol = rtol * (1.0 + np.maximum(np.abs(da), np.abs(db)))
-        violates = both & ((da + w < db - tol) | (db + w < da - tol))
-        step_ab = np.abs(db - (da + w)) <= tol
-        step_ba = np.abs(da - (db + w)) <= tol
+    far = None if dist is None else (got[2][: a.size], got[2][a.size :])
+    violates, step_ab, step_ba = _triangle(la, lb, far, w, both, rtol)
     bad = np.flatnonzero(violates)
-    flag(_RULES[4], bad, f"edge {a[bad[:1]]}-{b[bad[:1]]}")
+    if bad.size:
+        flag(_RULES[4], bad, f"edge {a[bad[0]]}-{b[bad[0]]}")
     confirm = np.concatenate([b[both & (pb == a) & step_ab], a[both & (pa == b) & step_ba]])
     confirmed = np.zeros(g.own, dtype=bool)
     confirmed[g.send_to_owner(confirm)] = True
     if lo <= root < g.grid.hi:
         confirmed[root - lo] = True
     unconfirmed = np.flatnonzero((parent >= 0) & ~confirmed & (level >= 0))
-    flag(_RULES[5], unconfirmed, f"vertex {unconfirmed[:1] + lo} with parent "
-         f"{parent[unconfirmed[:1]]}")  # fmt: skip
+    if unconfirmed.size:
+        k = unconfirmed[0]
+        flag(_RULES[5], unconfirmed, f"vertex {k + lo} with parent {parent[k]}")
     totals = np.array([counts[r] for r in _RULES] + [traversed], dtype=np.int64)
     g.comm.Allreduce(MPI.IN_PLACE, totals)
     all_examples = [e for part in g.comm.allgather(examples) for e in part]
