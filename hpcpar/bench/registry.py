@@ -18,6 +18,7 @@ BUILTIN_MODULES = (
     "hpcpar.bench.cfr",
     "hpcpar.bench.sgd",
     "hpcpar.bench.sat",
+    "hpcpar.bench.graph",
 )
 
 

@@ -1,0 +1,226 @@
+"""``hpcpar bench graph``: Graph500 BFS and SSSP TEPS per partition, against scipy and the reference.
+
+Per SCALE (the specification's Kronecker graph, generated once and shared by every
+partition): hpcpar's BFS and SSSP from the same ``--roots`` search keys for every
+partition (the first ``--validate`` keys validated); on rank 0, while the other ranks
+sleep, ``scipy.sparse.csgraph.breadth_first_order`` and ``dijkstra`` from the same keys
+on the same graph (a symmetric CSR with self-loops dropped and the lightest of duplicate
+edges kept, built outside the timing; TEPS with the same edge counts); and, with
+``--peer-binary``, the Graph500 reference implementation (``graph500_reference_bfs_sssp``
+built from its public source) at the same rank count, started by rank 0 with the MPI
+launcher that belongs to mpi4py's MPI while hpcpar's ranks sleep. The reference draws its
+own graph (its generator, same SCALE and edgefactor) and its own 64 keys and times its
+own kernels; its harmonic means are compared with ours.
+
+Figures: harmonic-mean TEPS (the specification's), median TEPS over keys and its quartile
+spread, the ratio to scipy and to the reference, and the load-imbalance table: per rank
+vertices, stored adjacency entries and bytes exchanged within and between nodes during
+the measured searches (max / mean over ranks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .harness import Row, _quartile_spread
+from .registry import Benchmark, register
+
+__all__: list[str] = []
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scales", default="16,18,20", help="SCALEs (16,18,20)")
+    parser.add_argument("--edgefactor", type=int, default=16)
+    parser.add_argument("--partitions", default="1d-vertex,1d-edge,2d,hier")
+    parser.add_argument("--roots", type=int, default=16, help="search keys per kernel (16)")
+    parser.add_argument("--validate", type=int, default=2, metavar="K",
+                        help="validate the first K keys' results (2)")  # fmt: skip
+    parser.add_argument("--kernels", default="bfs,sssp")
+    parser.add_argument("--peer-binary", metavar="PATH",
+                        help="graph500_reference_bfs_sssp built from its source")  # fmt: skip
+    parser.add_argument("--peer-timeout", type=float, default=900.0, metavar="S")
+
+
+def _teps(times: list[float], nedge: list[int]) -> dict[str, float]:
+    teps = [e / t for e, t in zip(nedge, times, strict=True)]
+    secs = np.array(times) / np.array(nedge, dtype=np.float64)
+    return {"harmonic_mean": float(1.0 / secs.mean()), "median": statistics.median(teps),
+            "min": min(teps), "max": max(teps), "spread_pct": _quartile_spread(teps)}  # fmt: skip
+
+
+def _scipy(edges: Any, keys: list[int], nedge: list[int], kernels: list[str]) -> list[dict]:
+    import scipy.sparse as sp
+    from scipy.sparse import csgraph
+
+    keep = edges.src != edges.dst
+    s = np.concatenate([edges.src[keep], edges.dst[keep]])
+    d = np.concatenate([edges.dst[keep], edges.src[keep]])
+    w = np.concatenate([edges.weight[keep], edges.weight[keep]])
+    order = np.lexsort((w, d, s))
+    s, d, w = s[order], d[order], w[order]
+    first = np.ones(s.size, dtype=bool)
+    first[1:] = (s[1:] != s[:-1]) | (d[1:] != d[:-1])
+    n = edges.n_vertices
+    graph = sp.csr_matrix((w[first], (s[first], d[first])), shape=(n, n))
+    graph.sort_indices()
+    docs = []
+    for kernel in kernels:
+        times = []
+        for key in keys:
+            t0 = time.perf_counter()
+            if kernel == "bfs":  # symmetric already: directed=True avoids a conversion per call
+                csgraph.breadth_first_order(graph, key, directed=True, return_predecessors=True)
+            else:
+                csgraph.dijkstra(graph, directed=True, indices=key, return_predecessors=True)
+            times.append(time.perf_counter() - t0)
+        docs.append({"variant": "scipy", "kernel": kernel, "teps": _teps(times, nedge)})
+    return docs
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment minus the variables that tie a process to the running MPI job."""
+    prefixes = ("PMI_", "PMIX_", "HYDRA_", "MPIR_CVAR_CH4_ROOTS", "OMPI_", "SLURM_STEP")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    env["SKIP_VALIDATION"] = "1"  # the reference validates after timing; skip the cost
+    return env
+
+
+def _reference(binary: str, ranks: int, scale: int, edgefactor: int, timeout: float) -> list[dict]:
+    from hpcpar.runtime.mpiinfo import find_mpi
+
+    mpiexec = find_mpi().mpiexec
+    if mpiexec is None:
+        raise RuntimeError("no mpiexec found for the MPI library mpi4py loads (HPCPAR_MPIEXEC)")
+    cmd = [mpiexec, "-n", str(ranks), binary, str(scale), str(edgefactor)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=_clean_env(), check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-500:]}")
+    docs = []
+    for kernel, tag in (("bfs", "BFS"), ("sssp", "SSSP")):
+        per = [float(x) for x in re.findall(rf"TEPS for {tag} \d+ is (\S+)", done.stderr)]
+        harmonic = re.search(rf"{kernel}\s+harmonic_mean_TEPS:\s+!\s+(\S+)", done.stdout)
+        if not per or harmonic is None:
+            continue
+        docs.append({"variant": "graph500-ref", "kernel": kernel,
+                     "teps": {"harmonic_mean": float(harmonic.group(1)),
+                              "median": statistics.median(per), "min": min(per),
+                              "max": max(per), "spread_pct": _quartile_spread(per)}})  # fmt: skip
+    construction = re.search(r"construction_time:\s+(\S+)", done.stdout)
+    for d in docs:
+        d["construction_s"] = float(construction.group(1)) if construction else None
+    return docs
+
+
+def _imbalance(table: dict[str, list[int]]) -> dict[str, float]:
+    out = {}
+    for key in ("vertices", "entries"):
+        x = np.array(table[key], dtype=np.float64)
+        out[f"{key}_max_over_mean"] = float(x.max() / x.mean()) if x.mean() else 1.0
+    volume = np.array(table["bytes_intra"]) + np.array(table["bytes_inter"])
+    out["volume_max_over_mean"] = float(volume.max() / volume.mean()) if volume.mean() else 1.0
+    out["bytes_intra"] = int(np.sum(table["bytes_intra"]))
+    out["bytes_inter"] = int(np.sum(table["bytes_inter"]))
+    return out
+
+
+def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
+    from hpcpar.apps.graph import kronecker
+    from hpcpar.apps.graph.driver import run
+    from hpcpar.apps.graph.partition import PARTITIONS
+
+    from ..errors import UsageError
+    from ..runtime.comm import idle_barrier
+
+    try:
+        scales = [int(s) for s in args.scales.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"bench graph: --scales takes integers, not {args.scales!r}") from None
+    partitions = [p.strip() for p in args.partitions.split(",") if p.strip()]
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    bad = [p for p in partitions if p not in PARTITIONS] + [
+        k for k in kernels if k not in ("bfs", "sssp")]  # fmt: skip
+    if bad or not scales or min(scales) < 1 or max(scales) > 30 or args.roots < 1:
+        raise UsageError(f"bench graph: bad --scales/--partitions/--kernels/--roots "
+                         f"({', '.join(bad) or args.scales}); partitions: {', '.join(PARTITIONS)}")  # fmt: skip
+    if args.peer_binary and not Path(args.peer_binary).is_file():
+        raise UsageError(f"bench graph: --peer-binary {args.peer_binary}: no such file")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(f"# hpcpar bench graph: SCALE {scales}, edgefactor {args.edgefactor}, {args.roots} keys, "
+        f"kernels {kernels}, {size} rank(s); peers scipy {__import__('scipy').__version__}, "
+        f"{args.peer_binary or 'no Graph500 reference (--peer-binary PATH)'}")  # fmt: skip
+    say(f"# {'SCALE':>5s} {'variant':16s} {'kernel':6s} {'hmean TEPS':>11s} {'median':>10s} "
+        f"{'spread%':>7s} {'vs scipy':>8s} {'vs ref':>7s} {'edges max/mean':>14s} "
+        f"{'volume max/mean':>15s} {'inter MB':>9s}")  # fmt: skip
+    rows: list[Row] = []
+    for scale in scales:
+        edges = kronecker(scale, args.edgefactor, 1, rank, size)
+        docs, keys, nedge = [], None, None
+        for partition in partitions:
+            result = run(comm, kinds=tuple(kernels), scale=scale, edgefactor=args.edgefactor,
+                         edges=edges, partition=partition, roots=args.roots,
+                         validate_results=args.validate)  # fmt: skip
+            keys, nedge = result.roots, result.nedge
+            imb = _imbalance(result.imbalance)
+            for kernel in kernels:
+                docs.append({"variant": f"hpcpar-{partition}", "kernel": kernel,
+                             "teps": _teps(result.times[kernel], nedge),
+                             "construction_s": result.construction, **imb})  # fmt: skip
+        whole = comm.gather(edges, root=0)
+        peers = None
+        if rank == 0:
+            from hpcpar.apps.graph import EdgeList
+
+            full = EdgeList(*(np.concatenate([getattr(e, f) for e in whole])
+                              for f in ("src", "dst", "weight")),
+                            edges.n_vertices, edges.n_edges, 0)  # fmt: skip
+            peers = _scipy(full, keys, nedge, kernels)
+            del full
+            if args.peer_binary:
+                peers += _reference(args.peer_binary, size, scale, args.edgefactor,
+                                    args.peer_timeout)  # fmt: skip
+        del whole
+        idle_barrier(comm)
+        docs += comm.bcast(peers, root=0)
+        rows += _report(say, scale, size, docs)
+    return rows
+
+
+def _report(say: Any, scale: int, size: int, docs: list[dict]) -> list[Row]:
+    rows = []
+    by = {(d["variant"], d["kernel"]): d for d in docs}
+    for d in docs:
+        kernel, hm = d["kernel"], d["teps"]["harmonic_mean"]
+        sci, ref = by.get(("scipy", kernel)), by.get(("graph500-ref", kernel))
+        d["vs_scipy"] = hm / sci["teps"]["harmonic_mean"] if sci else None
+        d["vs_reference"] = hm / ref["teps"]["harmonic_mean"] if ref else None
+        d.update(scale=scale, ranks=size)
+        fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
+        say(f"  {scale:5d} {d['variant']:16s} {kernel:6s} {hm:11.3e} {d['teps']['median']:10.3e} "
+            f"{d['teps']['spread_pct']:7.1f} {fmt(d['vs_scipy'], '8.2f'):>8s} "
+            f"{fmt(d['vs_reference'], '7.2f'):>7s} {fmt(d.get('entries_max_over_mean'), '14.3f'):>14s} "
+            f"{fmt(d.get('volume_max_over_mean'), '15.3f'):>15s} "
+            f"{fmt(d['bytes_inter'] / 1e6 if 'bytes_inter' in d else None, '9.1f'):>9s}")  # fmt: skip
+        rows.append(Row(d, size_key="scale"))
+    return rows
+
+
+register(
+    Benchmark(
+        "graph",
+        "Graph500 BFS/SSSP TEPS per partition vs scipy.sparse.csgraph and the reference",
+        _add_arguments,
+        _run,
+        peer="scipy",
+    )
+)
