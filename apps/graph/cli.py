@@ -86,6 +86,13 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
                  layout=args.layout)  # fmt: skip
     if comm.Get_rank() == 0:
         print(output_block(result))
+        table = result.imbalance
+        print(f"# per rank ({args.partition}; bytes exchanged during the searches):")
+        print(f"# {'rank':>4s} {'vertices':>10s} {'entries':>11s} {'bytes intra':>12s} "
+              f"{'bytes inter':>12s}")  # fmt: skip
+        names = ("vertices", "entries", "bytes_intra", "bytes_inter")
+        for r, row in enumerate(zip(*(table[k] for k in names), strict=True)):
+            print(f"  {r:4d} {row[0]:10d} {row[1]:11d} {row[2]:12d} {row[3]:12d}")
         sys.stdout.flush()
     if args.out:
         from dataclasses import asdict

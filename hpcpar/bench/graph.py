@@ -1,4 +1,4 @@
-"""``hpcpar bench graph``: Graph500 BFS and SSSP TEPS per partition, against scipy and the reference.
+"""``hpcpar bench graph``: Graph500 BFS and SSSP TEPS per partition vs scipy and the reference.
 
 Per SCALE (the specification's Kronecker graph, generated once and shared by every
 partition): hpcpar's BFS and SSSP from the same ``--roots`` search keys for every
@@ -151,7 +151,8 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         k for k in kernels if k not in ("bfs", "sssp")]  # fmt: skip
     if bad or not scales or min(scales) < 1 or max(scales) > 30 or args.roots < 1:
         raise UsageError(f"bench graph: bad --scales/--partitions/--kernels/--roots "
-                         f"({', '.join(bad) or args.scales}); partitions: {', '.join(PARTITIONS)}")  # fmt: skip
+                         f"({', '.join(bad) or args.scales}); "
+                         f"partitions: {', '.join(PARTITIONS)}")  # fmt: skip
     if args.peer_binary and not Path(args.peer_binary).is_file():
         raise UsageError(f"bench graph: --peer-binary {args.peer_binary}: no such file")
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -169,7 +170,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         for partition in partitions:
             result = run(comm, kinds=tuple(kernels), scale=scale, edgefactor=args.edgefactor,
                          edges=edges, partition=partition, roots=args.roots,
-                         validate_results=args.validate)  # fmt: skip
+                         validate_results=args.validate, layout=args.layout)  # fmt: skip
             keys, nedge = result.roots, result.nedge
             imb = _imbalance(result.imbalance)
             for kernel in kernels:
@@ -206,11 +207,14 @@ def _report(say: Any, scale: int, size: int, docs: list[dict]) -> list[Row]:
         d["vs_reference"] = hm / ref["teps"]["harmonic_mean"] if ref else None
         d.update(scale=scale, ranks=size)
         fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
-        say(f"  {scale:5d} {d['variant']:16s} {kernel:6s} {hm:11.3e} {d['teps']['median']:10.3e} "
+        say(
+            f"  {scale:5d} {d['variant']:16s} {kernel:6s} {hm:11.3e} {d['teps']['median']:10.3e} "
             f"{d['teps']['spread_pct']:7.1f} {fmt(d['vs_scipy'], '8.2f'):>8s} "
-            f"{fmt(d['vs_reference'], '7.2f'):>7s} {fmt(d.get('entries_max_over_mean'), '14.3f'):>14s} "
+            f"{fmt(d['vs_reference'], '7.2f'):>7s} "
+            f"{fmt(d.get('entries_max_over_mean'), '14.3f'):>14s} "
             f"{fmt(d.get('volume_max_over_mean'), '15.3f'):>15s} "
-            f"{fmt(d['bytes_inter'] / 1e6 if 'bytes_inter' in d else None, '9.1f'):>9s}")  # fmt: skip
+            f"{fmt(d.get('bytes_inter', 0) / 1e6 if 'bytes_inter' in d else None, '9.1f'):>9s}"
+        )
         rows.append(Row(d, size_key="scale"))
     return rows
 

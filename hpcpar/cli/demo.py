@@ -1,4 +1,4 @@
-"""``hpcpar demo``: the main job. Shows the topology and checks collectives against numpy."""
+"""``hpcpar demo``: the main job: topology, collectives checked against numpy, the apps' tour."""
 
 from __future__ import annotations
 
@@ -21,6 +21,19 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="elements per rank (default 1048576)",
     )
     parser.add_argument("--output", default=None, metavar="FILE", help="also write results as JSON")
+    parser.add_argument(
+        "--tour",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the checks, tour the apps: explain, SGD killed and resumed, CFR, "
+        "Graph500, SAT (default: on)",
+    )
+    parser.add_argument(
+        "--results",
+        default="demo-results",
+        metavar="DIR",
+        help="where the tour writes its results files and plots (default demo-results)",
+    )
 
 
 def _run(comm: Any, args: argparse.Namespace) -> int:
@@ -66,6 +79,15 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
             again = allreduce(noisy, comm=h, algorithm=algorithm, reproducible=True)
             check(f"reproducible=True: {algorithm} gives the same bits as ring", again, first)
         layout = h.layout
+        steps = []
+        if args.tour:
+            from pathlib import Path
+
+            from .tour import tour
+
+            say(f"\ntour of the apps ({size} rank(s), results in {args.results}):", flush=True)
+            steps = tour(comm, h, Path(args.results), say)
+            checks += [{"check": s.name, "ok": s.ok, "figure": s.figure} for s in steps]
     ok = all(c["ok"] for c in checks)
     say(
         f"\ndemo {'passed' if ok else 'FAILED'}: {len(checks)} checks on {size} rank(s)", flush=True
@@ -84,7 +106,7 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
 register(
     Command(
         "demo",
-        "the main job: topology table and collective checks against numpy",
+        "the main job: topology, collectives checked against numpy, a tour of the apps",
         _add_arguments,
         _run,
     )

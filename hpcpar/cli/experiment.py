@@ -244,7 +244,35 @@ def _plots(root: Path, rows: list[dict[str, Any]]) -> list[Path]:
         fig.savefig(path, dpi=100)
         plt.close(fig)
         out.append(path)
-    return out
+    return out + _teps_plots(root, rows, plt)
+
+
+def _teps_plots(root: Path, rows: list[dict[str, Any]], plt: Any) -> list[Path]:
+    """Graph500 rows: harmonic-mean TEPS per partition, one bar group per (ranks, layout)."""
+    keys = [k for k in ("bfs_harmonic_mean_teps", "sssp_harmonic_mean_teps")
+            if any(k in r for r in rows)]  # fmt: skip
+    graph = [r for r in rows if "partition" in r and any(k in r for k in keys)]
+    if not graph:
+        return []
+    groups = sorted({(r.get("ranks"), r.get("layout") or "real") for r in graph}, key=str)
+    partitions = sorted({r["partition"] for r in graph})
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4), squeeze=False)
+    width = 0.8 / max(1, len(partitions))
+    for ax, key in zip(axes[0], keys, strict=True):
+        for k, partition in enumerate(partitions):
+            heights = [max((r.get(key) or 0.0 for r in graph if r["partition"] == partition
+                            and (r.get("ranks"), r.get("layout") or "real") == g),
+                           default=0.0) for g in groups]  # fmt: skip
+            ax.bar([i + k * width for i in range(len(groups))], heights, width, label=partition)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
+        ax.set_xticklabels([f"{n} ranks\n{lay}" for n, lay in groups], fontsize=7)
+        ax.set_ylabel(f"{key.split('_')[0].upper()} harmonic-mean TEPS")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = root / "teps-per-partition.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -48,6 +48,11 @@ APPS: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
         "sat solve $OUT/sat-$SLURM_JOB_ID.cnf --portfolio --timeout 300",
         (0, 10),  # 10: satisfiable, 0: unknown (SAT competition convention)
     ),
+    "graph": (
+        [],
+        "graph all --scale 16 --roots 16 --partition hier --out $OUT/graph-$SLURM_JOB_ID.json",
+        (0,),
+    ),
     "bench": ([], "bench allreduce-mpi --max-size 1MiB --output $OUT/bench-$SLURM_JOB_ID", (0,)),
 }
 

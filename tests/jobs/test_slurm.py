@@ -85,7 +85,7 @@ def _run_script(slurm, tmp_path, app, launcher="srun", script=None):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(("app", "launcher"), [("cfr", "srun"), ("sgd", "srun"),
                                                ("sat", "mpiexec"), ("bench", "mpiexec"),
-                                               ("demo", "srun")])  # fmt: skip
+                                               ("graph", "srun"), ("demo", "srun")])  # fmt: skip
 def test_each_apps_batch_script_runs_under_slurm(slurm, tmp_path, app, launcher):
     res = _run_script(slurm, tmp_path, app, launcher)
     log = Path(res["log"])
@@ -103,11 +103,16 @@ def test_each_apps_batch_script_runs_under_slurm(slurm, tmp_path, app, launcher)
         assert len(rows) == 5 and rows[-1]["test_accuracy"] > 0.9
     elif app == "sat":
         assert "s SATISFIABLE" in text and "4 rank(s)" in text
+    elif app == "graph":
+        doc = json.loads((out / f"graph-{job}.json").read_text())
+        assert doc["metadata"]["ranks"] == 4 and doc["results"]["partition"] == "hier"
+        assert len(doc["results"]["times"]["sssp"]) == 16  # validated: a failure exits 2
     elif app == "bench":
         rows = json.loads((out / f"bench-{job}.json").read_text())["results"]
         assert rows and all(r["valid"] for r in rows)
     else:
-        assert (out / f"demo-{job}.json").exists()
+        doc = json.loads((out / f"demo-{job}.json").read_text())
+        assert doc["results"]["passed"] and len(doc["results"]["checks"]) > 5
 
 
 def test_a_failing_job_is_reported_failed_with_its_log(slurm, tmp_path, capsys):
