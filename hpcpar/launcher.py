@@ -25,8 +25,22 @@ __all__ = [
     "rank_command",
     "run_job",
     "oversubscription_env",
+    "detached_env",
     "TIMEOUT_EXIT",
 ]
+
+
+def detached_env(**extra: str) -> dict[str, str]:
+    """This environment minus what ties a process to the running MPI job or Slurm step.
+
+    A job started from inside a rank (a peer program, a sub-job) with these variables
+    would try to join the running job; without them its launcher starts it afresh, on
+    this host.
+    """
+    prefixes = ("PMI_", "PMIX_", "HYDRA_", "MPIR_CVAR_CH4_ROOTS", "OMPI_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    env.update(extra)
+    return env
 
 TIMEOUT_EXIT = 124  # what timeout(1) returns, so scripts can tell a time-out apart
 

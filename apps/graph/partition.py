@@ -160,6 +160,7 @@ class Exchange:
             self.lead_h = h.split(0 if h.is_leader else 1, self.rank)
             self.local_index = np.full(self.size, -1, dtype=np.int64)
             self.local_index[h.ranks_of_node(h.node_index)] = np.arange(h.local_size)
+            self.leader = h.ranks_of_node(h.node_index)[0]
 
     def free(self) -> None:
         """Free the communicators of the leader route (collective)."""
@@ -188,20 +189,51 @@ class Exchange:
         got, _ = alltoallv(rows[order].reshape(-1), (counts * width).tolist(), comm=h)
         return got.reshape(-1, width)
 
+    def _labelled(self, h: Hierarchy, dest: np.ndarray, label: np.ndarray, rows: np.ndarray,
+                  node_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """Send rows with a final-destination label each, as one message per member.
+
+        Each message starts with the count of rows per label (P counts, padded to whole
+        rows) followed by the rows sorted by label, so labels cost P counts per message
+        instead of one column per row. Returns the rows received and their labels.
+        """
+        size, width = self.size, rows.shape[1]
+        head = -(-size // width)  # rows of counts at the start of every message
+        order = np.lexsort((label, dest))
+        dest, label, rows = dest[order], label[order], rows[order]
+        counts = np.zeros((h.size, head * width), dtype=np.int64)
+        np.add.at(counts, (dest, label), 1)
+        parts, targets = [], []
+        bounds = np.searchsorted(dest, np.arange(h.size + 1))
+        for m in range(h.size):
+            parts += [counts[m].reshape(head, width), rows[bounds[m] : bounds[m + 1]]]
+            targets.append(np.full(head + bounds[m + 1] - bounds[m], m, dtype=np.int64))
+        got = self._flat(h, np.concatenate(targets), np.concatenate(parts), node_of)
+        out, labels, at = [], [], 0
+        while at < got.shape[0]:
+            cnt = got[at : at + head].reshape(-1)[:size]
+            n = int(cnt.sum())
+            out.append(got[at + head : at + head + n])
+            labels.append(np.repeat(np.arange(size), cnt))
+            at += head + n
+        if not out:
+            return got[:0], np.empty(0, dtype=np.int64)
+        return np.concatenate(out), np.concatenate(labels)
+
     def _through_leaders(self, dest: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        width, node_h = rows.shape[1], self.node_h
+        node_h, one_node = self.node_h, np.zeros(self.node_h.size, dtype=np.int64)
         local = self.local_index[dest]
-        tagged = np.concatenate([rows, dest[:, None]], axis=1)
-        one_node = np.zeros(node_h.size, dtype=np.int64)
-        got = self._flat(node_h, np.where(local >= 0, local, 0), tagged, one_node)
-        mine = got[:, width] == self.rank
-        keep, onward = got[mine, :width], got[~mine]
+        got, label = self._labelled(node_h, np.where(local < 0, 0, local), dest, rows, one_node)
         if self.h.is_leader:  # leaders' communicator: one leader per node, in node order
+            keep = label == self.rank
+            onward, onward_label = got[~keep], label[~keep]
             nodes = np.arange(self.lead_h.size)
-            moved = self._flat(self.lead_h, self.node_of[onward[:, width]], onward, nodes)
-            last = self.local_index[moved[:, width]]
-        else:
-            moved = np.empty((0, width + 1), dtype=np.int64)
-            last = np.empty(0, dtype=np.int64)
-        out = self._flat(node_h, last, moved, one_node)
-        return np.concatenate([keep, out[:, :width]])
+            moved, moved_label = self._labelled(self.lead_h, self.node_of[onward_label],
+                                                onward_label, onward, nodes)  # fmt: skip
+            got, label = got[keep], label[keep]
+        else:  # rows from this node's members, for this rank
+            moved = np.empty((0, rows.shape[1]), dtype=np.int64)
+            moved_label = np.empty(0, dtype=np.int64)
+        out, _ = self._labelled(node_h, self.local_index[moved_label], moved_label, moved,
+                                one_node)  # fmt: skip
+        return np.concatenate([got, out])

@@ -21,17 +21,15 @@ the measured searches (max / mean over ranks).
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import statistics
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .harness import Row, _quartile_spread
+from .harness import Row, _quartile_spread, rank0_printer
 from .registry import Benchmark, register
 
 __all__: list[str] = []
@@ -86,23 +84,17 @@ def _scipy(edges: Any, keys: list[int], nedge: list[int], kernels: list[str]) ->
     return docs
 
 
-def _clean_env() -> dict[str, str]:
-    """The environment minus the variables that tie a process to the running MPI job."""
-    prefixes = ("PMI_", "PMIX_", "HYDRA_", "MPIR_CVAR_CH4_ROOTS", "OMPI_", "SLURM_STEP")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
-    env["SKIP_VALIDATION"] = "1"  # the reference validates after timing; skip the cost
-    return env
-
-
 def _reference(binary: str, ranks: int, scale: int, edgefactor: int, timeout: float) -> list[dict]:
+    from hpcpar.launcher import detached_env
     from hpcpar.runtime.mpiinfo import find_mpi
 
+    # SKIP_VALIDATION: the reference validates after its timing; skip that cost.
     mpiexec = find_mpi().mpiexec
     if mpiexec is None:
         raise RuntimeError("no mpiexec found for the MPI library mpi4py loads (HPCPAR_MPIEXEC)")
     cmd = [mpiexec, "-n", str(ranks), binary, str(scale), str(edgefactor)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env=_clean_env(), check=False)  # fmt: skip
+                          env=detached_env(SKIP_VALIDATION="1"), check=False)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-500:]}")
     docs = []
@@ -153,10 +145,8 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         raise UsageError(f"bench graph: bad --scales/--partitions/--kernels/--roots "
                          f"({', '.join(bad) or args.scales}); "
                          f"partitions: {', '.join(PARTITIONS)}")  # fmt: skip
-    if args.peer_binary and not Path(args.peer_binary).is_file():
-        raise UsageError(f"bench graph: --peer-binary {args.peer_binary}: no such file")
+    say = rank0_printer(comm, "graph", args.peer_binary)
     rank, size = comm.Get_rank(), comm.Get_size()
-    say = print if rank == 0 else (lambda *a, **k: None)
     say(f"# hpcpar bench graph: SCALE {scales}, edgefactor {args.edgefactor}, {args.roots} keys, "
         f"kernels {kernels}, {size} rank(s); peers scipy {__import__('scipy').__version__}, "
         f"{args.peer_binary or 'no Graph500 reference (--peer-binary PATH)'}")  # fmt: skip

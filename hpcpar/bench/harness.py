@@ -157,6 +157,21 @@ class Row:
         return self.doc
 
 
+def rank0_printer(comm: Any, bench: str, peer_binary: str | None) -> Callable[..., None]:
+    """``print`` on rank 0 (a no-op elsewhere), after checking ``--peer-binary`` exists.
+
+    Raises:
+        UsageError: ``peer_binary`` is given but is not a file.
+    """
+    from pathlib import Path
+
+    from ..errors import UsageError
+
+    if peer_binary and not Path(peer_binary).is_file():
+        raise UsageError(f"bench {bench}: --peer-binary {peer_binary}: no such file")
+    return print if comm.Get_rank() == 0 else (lambda *a, **k: None)
+
+
 def _quartile_spread(values: Sequence[float]) -> float:
     if len(values) < 2:
         return 0.0

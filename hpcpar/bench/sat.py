@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .harness import Row, _quartile_spread
+from .harness import Row, _quartile_spread, rank0_printer
 from .registry import Benchmark, register
 
 __all__: list[str] = []
@@ -174,10 +174,8 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         raise UsageError(f"bench sat: --sizes takes integers, not {args.sizes!r}") from None
     if not sizes or min(sizes) < 10 or args.seeds < 3 or args.flips < 1:
         raise UsageError("bench sat: sizes >= 10, --seeds >= 3 and --flips >= 1")
-    if args.peer_binary and not Path(args.peer_binary).is_file():
-        raise UsageError(f"bench sat: --peer-binary {args.peer_binary}: no such file")
+    say = rank0_printer(comm, "sat", args.peer_binary)
     rank, size = comm.Get_rank(), comm.Get_size()
-    say = print if rank == 0 else (lambda *a, **k: None)
     say(f"# hpcpar bench sat: uniform 3-SAT at ratio {args.ratio}, sizes {sizes}, "
         f"{args.seeds} seeds, rate runs {args.repeats} x {args.flips} flips; "
         f"peer {args.peer_binary or 'none (--peer-binary PATH)'}; {size} rank(s)")  # fmt: skip

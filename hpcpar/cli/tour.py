@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Step", "tour", "detached_env"]
+__all__ = ["Step", "tour"]
 
 
 @dataclass
@@ -34,18 +33,6 @@ class Step:
     figure: str
     seconds: float
     files: list[str] = field(default_factory=list)
-
-
-def detached_env(**extra: str) -> dict[str, str]:
-    """This environment minus what ties a process to the running MPI job or Slurm step.
-
-    A job started from inside a rank (a peer program, a sub-job) with these variables
-    would try to join the running job; without them its launcher starts it afresh.
-    """
-    prefixes = ("PMI_", "PMIX_", "HYDRA_", "MPIR_CVAR_CH4_ROOTS", "OMPI_", "SLURM_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
-    env.update(extra)
-    return env
 
 
 def _in_process(comm: Any, argv: list[str], log: Path) -> int:
@@ -88,6 +75,8 @@ def _land() -> Any:
 
 def _sgd_jobs(folder: Path) -> tuple[bool, str]:
     """Rank 0: the uninterrupted, the killed and the resumed SGD jobs (2 ranks each)."""
+    from ..launcher import detached_env
+
     base = [sys.executable, "-m", "hpcpar", "launch", "-n", "2", "--layout", "ppn:1",
             "--launcher", "mpiexec", "--timeout", "180", "--", "sgd", "--dataset", "wine",
             "--model", "mlp", "--hidden", "16", "--epochs", "6", "--batch", "16", "--lr",
