@@ -42,6 +42,7 @@ def detached_env(**extra: str) -> dict[str, str]:
     env.update(extra)
     return env
 
+
 TIMEOUT_EXIT = 124  # what timeout(1) returns, so scripts can tell a time-out apart
 
 _PYTHON_NAMES = ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")
