@@ -28,7 +28,7 @@ through node leaders). Exit status 2 on bad input or a result that fails validat
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .partition import PARTITIONS
+    from .names import PARTITIONS
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG

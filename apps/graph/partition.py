@@ -28,10 +28,9 @@ from hpcpar.collectives import alltoallv
 from hpcpar.topology import Hierarchy
 
 from .kronecker import GraphError
+from .names import PARTITIONS
 
 __all__ = ["PARTITIONS", "Grid", "Exchange", "grid_shape", "edge_balanced_bounds"]
-
-PARTITIONS = ("1d-vertex", "1d-edge", "2d", "hier")
 
 
 def grid_shape(size: int, grid: str | None = None) -> tuple[int, int]:

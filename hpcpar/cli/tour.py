@@ -78,10 +78,10 @@ def _sgd_jobs(folder: Path) -> tuple[bool, str]:
     from ..launcher import detached_env
 
     base = [sys.executable, "-m", "hpcpar", "launch", "-n", "2", "--layout", "ppn:1",
-            "--launcher", "mpiexec", "--timeout", "180", "--", "sgd", "--dataset", "wine",
-            "--model", "mlp", "--hidden", "16", "--epochs", "6", "--batch", "16", "--lr",
-            "0.05", "--mode", "sync"]  # fmt: skip
-    ck = ["--checkpoint", str(folder / "sgd-checkpoint"), "--checkpoint-every", "10"]
+            "--launcher", "mpiexec", "--timeout", "180", "--", "sgd", "--dataset", "digits",
+            "--model", "mlp", "--hidden", "32", "--epochs", "4", "--batch", "64", "--lr",
+            "0.1", "--mode", "sync"]  # fmt: skip
+    ck = ["--checkpoint", str(folder / "sgd-checkpoint"), "--checkpoint-every", "20"]
 
     def job(out: str, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*base, "--out", str(folder / out), *extra], text=True,
@@ -89,7 +89,7 @@ def _sgd_jobs(folder: Path) -> tuple[bool, str]:
                               check=False)  # fmt: skip
 
     plain = job("sgd-plain.json")
-    killed = job("sgd.json", *ck, HPCPAR_CHECKPOINT_FAULT="kill=after-commit,step=30,rank=1")
+    killed = job("sgd.json", *ck, HPCPAR_CHECKPOINT_FAULT="kill=after-commit,step=60,rank=1")
     resumed = job("sgd.json", *ck)
     (folder / "sgd.log").write_text("\n".join(
         f"$ {name}: exit {p.returncode}\n{p.stdout}{p.stderr}"
@@ -128,11 +128,11 @@ def _sgd(comm: Any, folder: Path) -> Step:
 def _cfr(comm: Any, folder: Path, layout: str | None) -> Step:
     start = time.perf_counter()
     out = folder / "cfr.json"
-    argv = ["cfr", "--game", "leduc", "--algorithm", "dcfr", "--iterations", "400",
-            "--eval-every", "50", "--target-exploitability", "0.01", "--out", str(out)]  # fmt: skip
+    argv = ["cfr", "--game", "leduc_poker", "--algorithm", "dcfr", "--iterations", "2000",
+            "--eval-every", "100", "--target-exploitability", "0.002", "--out", str(out)]  # fmt: skip
     status = _in_process(comm, argv + (["--layout", layout] if layout else []), folder / "cfr.log")
     gap = _result(comm, out, "exploitability")
-    ok = status == 0 and gap is not None and gap < 0.01
+    ok = status == 0 and gap is not None and gap < 0.002
     iterations = _result(comm, out, "iterations")
     figure = (
         f"Leduc, DCFR: exploitability {gap:.2e} after {iterations} iterations"
@@ -164,7 +164,7 @@ def _sat(comm: Any, folder: Path) -> Step:
     start = time.perf_counter()
     path = folder / "sat.cnf"
     if comm.Get_rank() == 0:
-        cnf, _ = random_ksat(2000, 8000, 3, seed=7, planted=True)
+        cnf, _ = random_ksat(3000, 12600, 3, seed=7, planted=True)
         write_dimacs(cnf, path)
     comm.Barrier()
     argv = ["sat", "solve", str(path), "--portfolio", "--timeout", "60", "--seed", "3"]
@@ -173,7 +173,7 @@ def _sat(comm: Any, folder: Path) -> Step:
     text = (folder / "sat.log").read_text() if comm.Get_rank() == 0 else ""
     winner = next((line[2:].split(";")[0].strip() for line in text.splitlines()
                    if line.startswith("c solved by")), "")  # fmt: skip
-    found = f"2000 variables, 8000 clauses: SATISFIABLE{'; ' + winner if winner else ''}"
+    found = f"3000 variables, 12600 clauses: SATISFIABLE{'; ' + winner if winner else ''}"
     figure = comm.bcast(found if ok else f"exit status {status}", root=0)
     return Step("SAT portfolio", ok, figure, time.perf_counter() - start,
                 ["sat.cnf", "sat.log"])  # fmt: skip

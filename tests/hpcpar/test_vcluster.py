@@ -151,7 +151,17 @@ def test_collectives_across_tcp_node_boundaries(cluster):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
     demo = hpcpar(
-        "vcluster", "run", "--ppn", "2", "--timeout", "120", "--", "demo", "--count", "10000"
+        "vcluster",
+        "run",
+        "--ppn",
+        "2",
+        "--timeout",
+        "120",
+        "--",
+        "demo",
+        "--count",
+        "10000",
+        "--no-tour",
     )
     assert demo.returncode == 0 and "on 2 node(s), even (real nodes)" in demo.stdout
     assert "vnode0" in demo.stdout and "vnode1" in demo.stdout
