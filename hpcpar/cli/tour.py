@@ -129,7 +129,8 @@ def _cfr(comm: Any, folder: Path, layout: str | None) -> Step:
     start = time.perf_counter()
     out = folder / "cfr.json"
     argv = ["cfr", "--game", "leduc_poker", "--algorithm", "dcfr", "--iterations", "2000",
-            "--eval-every", "100", "--target-exploitability", "0.002", "--out", str(out)]  # fmt: skip
+            "--eval-every", "100", "--target-exploitability", "0.002",
+            "--out", str(out)]  # fmt: skip
     status = _in_process(comm, argv + (["--layout", layout] if layout else []), folder / "cfr.log")
     gap = _result(comm, out, "exploitability")
     ok = status == 0 and gap is not None and gap < 0.002

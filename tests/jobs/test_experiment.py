@@ -92,3 +92,20 @@ def test_example_configs_are_valid():
     assert len(configs) >= 3
     for path in configs:
         assert points(load_config(path)), path
+
+
+def test_graph_sweeps_get_a_teps_per_partition_plot(tmp_path):
+    from hpcpar.cli.experiment import report
+    from hpcpar.runtime.results import write_json
+
+    rows = [{"point": f"p{k}", "status": "ok", "results": 1, "ranks": ranks, "layout": "ppn:1",
+             "partition": part, "bfs_harmonic_mean_teps": 1e6 * (k + 1),
+             "sssp_harmonic_mean_teps": 1e5 * (k + 1)}
+            for k, (ranks, part) in enumerate((r, p) for r in (2, 4)
+                                              for p in ("1d-vertex", "2d", "hier"))]  # fmt: skip
+    write_json(tmp_path / "results.json", rows, comm=None)
+    written = report(tmp_path)
+    png = tmp_path / "teps-per-partition.png"
+    assert png in written and (tmp_path / "summary.md").exists()
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
