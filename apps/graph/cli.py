@@ -44,7 +44,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", type=int, help="search from this vertex only")
     parser.add_argument("--validate", action=argparse.BooleanOptionalAction, default=True,
                         help="run the validator after every search (default: on)")  # fmt: skip
-    parser.add_argument("--delta", type=float, help="SSSP bucket width (1 / mean degree)")
+    parser.add_argument(
+        "--delta", type=float, help="SSSP bucket width (1 / mean degree; inf: Bellman-Ford)"
+    )
     parser.add_argument("--direction", choices=("auto", "top-down", "bottom-up"),
                         default="auto", help="BFS direction (auto: Beamer's switch)")  # fmt: skip
     parser.add_argument("--alpha", type=float, default=14.0, help="top-down -> bottom-up")

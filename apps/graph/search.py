@@ -105,7 +105,11 @@ def bfs(g: DistGraph, root: int, *, direction: str = "auto", alpha: float = 14.0
 
 
 def sssp(g: DistGraph, root: int, *, delta: float = 0.1) -> SearchResult:
-    """Single-source shortest paths from ``root`` by delta-stepping (collective)."""
+    """Single-source shortest paths from ``root`` by delta-stepping (collective).
+
+    ``delta=inf`` is Bellman-Ford: one bucket, every edge light, rounds of relaxation
+    until no distance changes.
+    """
     if not delta > 0:
         raise GraphError(f"delta must be positive, not {delta}")
     _check_root(g, root)
