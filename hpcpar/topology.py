@@ -168,7 +168,8 @@ class Hierarchy:
 
         A plain communicator from ``Split`` would make hpcpar's collectives read
         ``HPCPAR_LAYOUT`` afresh for it (a layout meant for the whole job); this passes the
-        sub-communicator exactly the nodes its ranks are on, as a ``map:`` layout.
+        sub-communicator exactly the nodes its ranks are on, as a ``map:`` layout. The
+        caller owns the new communicator: ``sub.free()`` then ``sub.comm.Free()``.
         """
         sub = self.comm.Split(color, key)
         node = self.node_of[self.comm.Get_rank()]

@@ -36,11 +36,11 @@ def read_edges(path: str | os.PathLike, comm: Any, n_vertices: int | None = None
         raise GraphError(f"{path}: no such file")
     suffix = path.suffix.lower()
     if suffix == ".npy":
-        src, dst, weight, stored, first = agree(comm, _read_npy, path, rank, size)
+        src, dst, weight, stored = agree(comm, _read_npy, path, rank, size)
     elif suffix in (".h5", ".hdf5"):
-        src, dst, weight, stored, first = agree(comm, _read_h5, path, rank, size)
+        src, dst, weight, stored = agree(comm, _read_h5, path, rank, size)
     else:
-        src, dst, weight, stored, first = agree(comm, _read_text, path, rank, size)
+        src, dst, weight, stored = agree(comm, _read_text, path, rank, size)
     m = comm.allreduce(src.size)
     first = comm.exscan(src.size) or 0
     if n_vertices is None:
@@ -98,7 +98,7 @@ def _read_npy(path: Path, rank: int, size: int) -> tuple:
     m = data.shape[0] if data.ndim else 0
     lo, hi = m * rank // size, m * (rank + 1) // size
     src, dst, weight = _columns(path, data[lo:hi], "row")
-    return src, dst, weight, None, lo
+    return src, dst, weight, None
 
 
 def _read_h5(path: Path, rank: int, size: int) -> tuple:
@@ -121,7 +121,7 @@ def _read_h5(path: Path, rank: int, size: int) -> tuple:
         raise GraphError(f"{path}: not a readable HDF5 file ({exc})") from None
     src, dst, weight = _columns(path, np.stack(cols, axis=1) if cols[0].size else
                                 np.empty((0, len(cols))), "edge")  # fmt: skip
-    return src, dst, weight, None if stored is None else int(stored), lo
+    return src, dst, weight, None if stored is None else int(stored)
 
 
 def _read_text(path: Path, rank: int, size: int) -> tuple:
@@ -160,7 +160,7 @@ def _read_text(path: Path, rank: int, size: int) -> tuple:
         dst.append(v)
         weight.append(w)
     return (np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64),
-            np.array(weight, dtype=np.float64), None, 0)  # fmt: skip
+            np.array(weight, dtype=np.float64), None)  # fmt: skip
 
 
 def _line_number(path: Path, start: int, k: int) -> int:
