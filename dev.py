@@ -69,8 +69,8 @@ def _mpi_env() -> dict[str, str]:
 
 
 def demo() -> None:
-    """Run the main job: 'hpcpar demo' on 4 ranks over two virtual nodes."""
-    setup("")
+    """Run the main job: 'hpcpar demo' on 4 ranks over two virtual nodes (plots need matplotlib)."""
+    setup("plot")
     _run(BIN / "hpcpar", "launch", "-n", "4", "--layout", "ppn:2", "--timeout", "600", "--", "demo")
 
 

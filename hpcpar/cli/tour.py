@@ -78,8 +78,8 @@ def _sgd_jobs(folder: Path) -> tuple[bool, str]:
     from ..launcher import detached_env
 
     base = [sys.executable, "-m", "hpcpar", "launch", "-n", "2", "--layout", "ppn:1",
-            "--launcher", "mpiexec", "--timeout", "180", "--", "sgd", "--dataset", "digits",
-            "--model", "mlp", "--hidden", "32", "--epochs", "4", "--batch", "64", "--lr",
+            "--launcher", "mpiexec", "--timeout", "180", "--", "sgd", "--dataset", "synthetic",
+            "--model", "mlp", "--hidden", "32", "--epochs", "2", "--batch", "256", "--lr",
             "0.1", "--mode", "sync"]  # fmt: skip
     ck = ["--checkpoint", str(folder / "sgd-checkpoint"), "--checkpoint-every", "20"]
 
@@ -198,6 +198,8 @@ def tour(comm: Any, h: Any, folder: Path, say: Any) -> list[Step]:
                 lambda: _cfr(comm, folder, h.layout), lambda: _graph(comm, folder, h.layout),
                 lambda: _sat(comm, folder)):  # fmt: skip
         step = run()
+        present = [f for f in step.files if (folder / f).exists()] if comm.Get_rank() == 0 else None
+        step.files = comm.bcast(present, root=0)  # plots only where matplotlib is installed
         say(f"  {'ok    ' if step.ok else 'FAILED'}  {step.name}: {step.figure} "
             f"({step.seconds:.1f} s)", flush=True)  # fmt: skip
         steps.append(step)
