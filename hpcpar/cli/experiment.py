@@ -19,7 +19,10 @@ T -- COMMAND`` where ``{out}`` is the point's output prefix. A point whose statu
 says ``ok`` is skipped on a rerun (an interrupted sweep resumes); a point that fails is
 recorded (exit status, log) and the sweep goes on. All points' results (the ``results``
 of each ``{out}.json``, with the point's parameters) are gathered into
-``RESULTS/results.json`` and ``.csv``. ``report`` writes ``summary.md`` and PNG plots.
+``RESULTS/results.json`` and ``.csv`` (with each point's job wall time and, for points
+that differ only in ranks, its speedup over the fewest ranks). ``report`` writes
+``summary.md`` and PNG plots: time vs size (benchmark sweeps), TEPS per partition
+(Graph500 sweeps), speedup vs ranks.
 """
 
 from __future__ import annotations
@@ -175,17 +178,24 @@ def gather(config: dict[str, Any]) -> list[dict[str, Any]]:
 
     root = Path(config["results"])
     rows: list[dict[str, Any]] = []
+    statuses = {}
     for point in points(config):
         folder = root / "points" / point["id"]
-        status = {"status": "not run"}
+        statuses[point["id"]] = {"status": "not run"}
         if (folder / "status.json").exists():
-            status = json.loads((folder / "status.json").read_text())
+            statuses[point["id"]] = json.loads((folder / "status.json").read_text())
+    speedup = _speedups(points(config), statuses)
+    for point in points(config):
+        folder = root / "points" / point["id"]
+        status = statuses[point["id"]]
         results = []
         if status["status"] == "ok" and (folder / "out.json").exists():
             doc = json.loads((folder / "out.json").read_text())["results"]
             results = doc if isinstance(doc, list) else [doc]
         base = {"point": point["id"], **point["params"], "status": status["status"],
-                "results": len(results)}  # fmt: skip
+                "results": len(results), "seconds": status.get("seconds"),
+                "speedup": speedup.get(point["id"], (None, None))[0],
+                "series": speedup.get(point["id"], (None, None))[1]}  # fmt: skip
         for r in results or [{}]:
             flat = {k: v for k, v in r.items() if not isinstance(v, (list, dict))}
             rows.append({**base, **flat})
@@ -193,6 +203,29 @@ def gather(config: dict[str, Any]) -> list[dict[str, Any]]:
     columns = sorted({k for r in rows for k in r}, key=lambda k: (k not in rows[0], k))
     write_csv(root / "results.csv", rows, columns=columns, comm=None)
     return rows
+
+
+def _speedups(pts: list[dict[str, Any]], statuses: dict[str, dict]) -> dict[str, tuple]:
+    """Per point: (whole-job wall time at the fewest ranks / its time, its series' label).
+
+    Points that differ only in ``ranks`` form a series; only finished points count.
+    """
+    series: dict[str, list[tuple[int, str, float]]] = {}
+    for p in pts:
+        status = statuses[p["id"]]
+        if status["status"] != "ok":
+            continue
+        label = ", ".join(f"{k}={v if v != '' else 'real'}"
+                          for k, v in sorted(p["params"].items()) if k != "ranks")  # fmt: skip
+        series.setdefault(label or "all", []).append(
+            (int(p["params"]["ranks"]), p["id"], status["seconds"])
+        )
+    out = {}
+    for label, members in series.items():
+        if len({r for r, _, _ in members}) > 1:
+            base = min(members)[2]
+            out.update({pid: (base / t if t > 0 else None, label) for _, pid, t in members})
+    return out
 
 
 def report(folder: str | Path) -> list[Path]:
@@ -244,7 +277,7 @@ def _plots(root: Path, rows: list[dict[str, Any]]) -> list[Path]:
         fig.savefig(path, dpi=100)
         plt.close(fig)
         out.append(path)
-    return out + _teps_plots(root, rows, plt)
+    return out + _teps_plots(root, rows, plt) + _speedup_plot(root, rows, plt)
 
 
 def _teps_plots(root: Path, rows: list[dict[str, Any]], plt: Any) -> list[Path]:
@@ -270,6 +303,29 @@ def _teps_plots(root: Path, rows: list[dict[str, Any]], plt: Any) -> list[Path]:
         ax.legend(fontsize=7)
     fig.tight_layout()
     path = root / "teps-per-partition.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
+def _speedup_plot(root: Path, rows: list[dict[str, Any]], plt: Any) -> list[Path]:
+    """Speedup (whole-job wall time) vs ranks, one line per series of points."""
+    lines: dict[str, dict[int, float]] = {}
+    for r in rows:
+        if r.get("speedup") is not None:
+            lines.setdefault(r["series"], {})[int(r["ranks"])] = r["speedup"]
+    if not lines:
+        return []
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    top = max(max(pts) for pts in lines.values())
+    ax.plot([1, top], [1, top], color="grey", linestyle=":", label="ideal")
+    for label, pts in sorted(lines.items()):
+        ax.plot(*zip(*sorted(pts.items()), strict=True), marker="o", label=label[:50])
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("speedup (job wall time)")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    path = root / "speedup-vs-ranks.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return [path]

@@ -53,8 +53,14 @@ def test_sweep_records_failures_resumes_and_reports(tmp_path, capsys):
     again = run_sweep(config, say=lambda *a: None)
     assert again == {"ok": 1, "failed": 2, "skipped": 1}
     assert main(["experiment", "report", str(root)]) == 0
-    pngs = sorted(root.glob("*.png"))
-    assert len(pngs) == 2 and all(p.stat().st_size > 5000 for p in pngs)
+    pngs = sorted(root.glob("*.png"))  # time vs size at 1 and 2 ranks, speedup vs ranks
+    assert len(pngs) == 3 and all(p.stat().st_size > 5000 for p in pngs)
+    assert (root / "speedup-vs-ranks.png") in pngs
+    rows = json.loads((root / "results.json").read_text())["results"]
+    timed = {r["ranks"]: r for r in rows if r["speedup"] is not None}
+    assert set(timed) == {1, 2} and timed[1]["speedup"] == 1.0
+    assert timed[2]["speedup"] == pytest.approx(timed[1]["seconds"] / timed[2]["seconds"])
+    assert timed[1]["series"] == timed[2]["series"] == "layout=real, size=8"
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     summary = (root / "summary.md").read_text()
     assert summary.count("| failed |") == 2 and summary.count("| ok |") == 2
