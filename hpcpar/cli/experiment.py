@@ -301,11 +301,7 @@ def _teps_plots(root: Path, rows: list[dict[str, Any]], plt: Any) -> list[Path]:
         ax.set_xticklabels([f"{n} ranks\n{lay}" for n, lay in groups], fontsize=7)
         ax.set_ylabel(f"{key.split('_')[0].upper()} harmonic-mean TEPS")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = root / "teps-per-partition.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return [path]
+    return [_save(fig, plt, root / "teps-per-partition.png")]
 
 
 def _speedup_plot(root: Path, rows: list[dict[str, Any]], plt: Any) -> list[Path]:
@@ -324,11 +320,14 @@ def _speedup_plot(root: Path, rows: list[dict[str, Any]], plt: Any) -> list[Path
     ax.set_xlabel("ranks")
     ax.set_ylabel("speedup (job wall time)")
     ax.legend(fontsize=6)
+    return [_save(fig, plt, root / "speedup-vs-ranks.png")]
+
+
+def _save(fig: Any, plt: Any, path: Path) -> Path:
     fig.tight_layout()
-    path = root / "speedup-vs-ranks.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    return [path]
+    return path
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
