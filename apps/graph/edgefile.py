@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from .graph import agree
 from .kronecker import EdgeList, GraphError
@@ -47,18 +48,12 @@ def read_edges(path: str | os.PathLike, comm: Any, n_vertices: int | None = None
         n_vertices = stored
     if n_vertices is None:
         top = max(int(src.max(initial=-1)), int(dst.max(initial=-1)))
-        n_vertices = comm.allreduce(top, op=_max()) + 1
+        n_vertices = comm.allreduce(top, op=MPI.MAX) + 1
     if n_vertices < 1:
         raise GraphError(f"{path}: the graph has no vertices")
     edges = EdgeList(src, dst, weight, int(n_vertices), int(m), int(first))
     agree(comm, _check_range, path, edges)
     return edges
-
-
-def _max() -> Any:
-    from mpi4py import MPI
-
-    return MPI.MAX
 
 
 def _check_range(path: Path, edges: EdgeList) -> None:

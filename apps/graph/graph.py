@@ -95,7 +95,7 @@ class DistGraph:
         else:
             slot_rank = np.arange(size)
         slot = int(np.flatnonzero(slot_rank == rank)[0])
-        self.grid = g = Grid(partition, n, rows, cols, bounds, slot_rank, slot)
+        self.grid = g = Grid(rows, cols, bounds, slot_rank, slot)
         # Row and column communicators, ranks in slot order along each.
         self.row_h = self.h.split(g.i, g.j)
         self.col_h = self.h.split(g.j, g.i)
@@ -108,8 +108,7 @@ class DistGraph:
         return self
 
     def _distribute(self, edges: EdgeList) -> None:
-        g, size = self.grid, self.comm.Get_size()
-        rank_of_slot = g.slot_rank
+        g = self.grid
         parts_u, parts_v, parts_w = [], [], []
         rounds = max(1, -(-int(self.comm.allreduce(edges.src.size, op=MPI.MAX)) // _CHUNK))
         for k in range(rounds):
@@ -122,12 +121,8 @@ class DistGraph:
             v = np.concatenate([b, a])
             ww = np.concatenate([w, w])
             su, sv = g.owner_slot(u), g.owner_slot(v)
-            dest = rank_of_slot[(sv // g.cols) * g.cols + su % g.cols]
-            rows = np.stack([u, v, ww.view(np.int64)], axis=1)
-            order = np.argsort(dest, kind="stable")
-            counts = (np.bincount(dest, minlength=size) * 3).tolist()
-            got, _ = alltoallv(rows[order].reshape(-1), counts, comm=self.h)
-            got = got.reshape(-1, 3)
+            dest = g.slot_rank[(sv // g.cols) * g.cols + su % g.cols]
+            got = self.world_x(dest, np.stack([u, v, ww.view(np.int64)], axis=1))
             parts_u.append(got[:, 0])
             parts_v.append(got[:, 1])
             parts_w.append(got[:, 2].view(np.float64))
@@ -224,8 +219,8 @@ class DistGraph:
 
     def reset_volume(self) -> None:
         """Zero the exchange byte counters (before a measured search)."""
-        for x in (self.row_x, self.col_x):
-            x.intra = x.inter = x.messages_inter = 0
+        self.row_x.reset()
+        self.col_x.reset()
 
     def free(self) -> None:
         """Free the communicators (collective)."""

@@ -80,8 +80,6 @@ def edge_balanced_bounds(h: Hierarchy, n: int, src: np.ndarray, dst: np.ndarray)
 class Grid:
     """Where slot, row and column blocks lie, and which rank holds which slot."""
 
-    kind: str
-    n: int
     rows: int
     cols: int
     bounds: np.ndarray  # P + 1 vertex bounds, in slot order
@@ -153,13 +151,17 @@ class Exchange:
         self.size, self.rank = h.size, h.rank
         self.node_of = np.asarray(h.node_of, dtype=np.int64)
         self.hier = hier and h.n_nodes > 1
-        self.intra = self.inter = self.messages_inter = 0
+        self.reset()
         if self.hier:
             self.node_h = h.split(h.node_index, self.rank)
             self.lead_h = h.split(0 if h.is_leader else 1, self.rank)
             self.local_index = np.full(self.size, -1, dtype=np.int64)
             self.local_index[h.ranks_of_node(h.node_index)] = np.arange(h.local_size)
             self.leader = h.ranks_of_node(h.node_index)[0]
+
+    def reset(self) -> None:
+        """Zero the byte and message counters."""
+        self.intra = self.inter = self.messages_inter = 0
 
     def free(self) -> None:
         """Free the communicators of the leader route (collective)."""

@@ -49,9 +49,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _teps(times: list[float], nedge: list[int]) -> dict[str, float]:
+    from hpcpar.apps.graph.driver import harmonic_teps
+
     teps = [e / t for e, t in zip(nedge, times, strict=True)]
-    secs = np.array(times) / np.array(nedge, dtype=np.float64)
-    return {"harmonic_mean": float(1.0 / secs.mean()), "median": statistics.median(teps),
+    return {"harmonic_mean": harmonic_teps(times, nedge), "median": statistics.median(teps),
             "min": min(teps), "max": max(teps), "spread_pct": _quartile_spread(teps)}  # fmt: skip
 
 
