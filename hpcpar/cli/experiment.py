@@ -7,6 +7,7 @@ A config declares one command template and the values to sweep::
     results = "results/allreduce-layouts"   # default: results/NAME
     timeout = 600                           # seconds per point
     oversubscribe = true                    # allow more ranks than cores
+    where = "local"                         # or "vcluster", "slurm" (or run --where)
 
     [sweep]
     command = "bench allreduce-mpi --min-size {size} --max-size {size} --output {out}"
@@ -15,9 +16,14 @@ A config declares one command template and the values to sweep::
     size = ["8", "1MiB"]                    # any other key: a parameter of the command
 
 Every combination is a point, run with ``hpcpar launch -n RANKS [--layout L] --timeout
-T -- COMMAND`` where ``{out}`` is the point's output prefix. A point whose status file
-says ``ok`` is skipped on a rerun (an interrupted sweep resumes); a point that fails is
-recorded (exit status, log) and the sweep goes on. All points' results (the ``results``
+T -- COMMAND`` where ``{out}`` is the point's output prefix: on this machine (``local``),
+on a virtual cluster of ``[vcluster] nodes`` and ``link`` (brought up for the sweep and
+down after; ``--ppn RANKS/nodes``, the namespaces are the nodes), or as one Slurm batch
+job per point (``[slurm] partition, time, ppn, launcher, sbatch_args, wait``; all
+submitted at once, then collected). A point whose status file says ``ok`` is skipped on
+a rerun (an interrupted sweep resumes; Slurm jobs still queued are collected, not
+submitted again); a point that fails is recorded (exit status, log) and the sweep goes
+on. All points' results (the ``results``
 of each ``{out}.json``, with the point's parameters) are gathered into
 ``RESULTS/results.json`` and ``.csv`` (with each point's job wall time and, for points
 that differ only in ranks, its speedup over the fewest ranks). ``report`` writes
@@ -33,14 +39,13 @@ import itertools
 import json
 import os
 import re
-import subprocess
-import sys
-import time
+import shlex
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
 from .registry import Command, register
+from .sweep_where import TABLE_KEYS, WHERE, check_where, run_points
 
 __all__ = ["load_config", "points", "run_sweep", "report"]
 
@@ -48,8 +53,8 @@ EXPERIMENT_KEYS = {"name", "results", "timeout", "oversubscribe", "where"}
 RESERVED = {"command", "ranks", "layout"}
 
 
-def load_config(path: str | Path) -> dict[str, Any]:
-    """Read and check a sweep config.
+def load_config(path: str | Path, where: str | None = None) -> dict[str, Any]:
+    """Read and check a sweep config; ``where`` overrides its ``[experiment] where``.
 
     Raises:
         UsageError: unreadable or malformed TOML, unknown keys (named with the valid
@@ -66,10 +71,11 @@ def load_config(path: str | Path) -> dict[str, Any]:
         raise UsageError(f"experiment: cannot read {path} ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"experiment: {path} is not valid TOML: {exc}") from None
-    unknown = set(doc) - {"experiment", "sweep"}
+    unknown = set(doc) - {"experiment", "sweep", *TABLE_KEYS}
     if unknown:
         raise UsageError(
-            f"experiment: unknown table(s) {sorted(unknown)}; valid: experiment, sweep"
+            f"experiment: unknown table(s) {sorted(unknown)}; valid: experiment, sweep, "
+            f"{', '.join(TABLE_KEYS)}"
         )
     exp, sweep = dict(doc.get("experiment", {})), dict(doc.get("sweep", {}))
     bad = set(exp) - EXPERIMENT_KEYS
@@ -78,8 +84,6 @@ def load_config(path: str | Path) -> dict[str, Any]:
             f"experiment: unknown key(s) {sorted(bad)} in [experiment]; valid: "
             f"{', '.join(sorted(EXPERIMENT_KEYS))}"
         )
-    if exp.get("where", "local") != "local":
-        raise UsageError(f"experiment: where = {exp['where']!r}: only 'local' runs sweeps so far")
     if not isinstance(sweep.get("command"), str) or not sweep["command"].strip():
         raise UsageError('experiment: [sweep] needs command = "..." (an hpcpar command)')
     ranks = sweep.get("ranks")
@@ -98,9 +102,11 @@ def load_config(path: str | Path) -> dict[str, Any]:
             f"experiment: the command uses {{{', '.join(sorted(missing))}}} but [sweep] "
             f"gives no values; parameters: {', '.join(sorted(params))}"
         )
+    where = str(where or exp.get("where", "local"))
+    settings = check_where(where, doc, params)
     oversubscribe = bool(exp.get("oversubscribe", False))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if not oversubscribe and max(ranks) > (cores or 1):
+    if where != "slurm" and not oversubscribe and max(ranks) > (cores or 1):
         raise UsageError(
             f"experiment: ranks up to {max(ranks)} on {cores} core(s); set oversubscribe = true "
             "in [experiment] to allow it"
@@ -113,6 +119,8 @@ def load_config(path: str | Path) -> dict[str, Any]:
         "command": sweep["command"],
         "params": params,
         "source": str(path),
+        "where": where,
+        **settings,
     }
 
 
@@ -129,46 +137,36 @@ def points(config: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def run_sweep(config: dict[str, Any], say: Any = print) -> dict[str, int]:
     """Run every point not yet finished; returns counts of ok, failed and skipped."""
     root = Path(config["results"])
     (root / "points").mkdir(parents=True, exist_ok=True)
-    hpcpar = str(Path(sys.executable).with_name("hpcpar"))
     counts = {"ok": 0, "failed": 0, "skipped": 0}
-    todo = points(config)
-    for i, point in enumerate(todo, 1):
+    every = points(config)
+    index = {point["id"]: i for i, point in enumerate(every, 1)}
+    todo = []
+    for i, point in enumerate(every, 1):
         folder = root / "points" / point["id"]
         status_file = folder / "status.json"
         if status_file.exists() and json.loads(status_file.read_text()).get("status") == "ok":
             counts["skipped"] += 1
-            say(f"[{i}/{len(todo)}] {point['id']}: done before, skipped")
+            say(f"[{i}/{len(every)}] {point['id']}: done before, skipped")
             continue
         folder.mkdir(parents=True, exist_ok=True)
-        p = point["params"]
-        command = config["command"].format(**p, out=str(folder / "out"))
-        argv = [hpcpar, "launch", "-n", str(p["ranks"]), "--timeout", str(config["timeout"])]
-        if p.get("layout"):
-            argv += ["--layout", str(p["layout"])]
-        argv += ["--", *command.split()]
-        t0 = time.time()
-        with open(folder / "log.txt", "w") as log:
-            code = subprocess.run(
-                argv, stdout=log, stderr=subprocess.STDOUT, check=False
-            ).returncode
-        status = {"status": "ok" if code == 0 else "failed", "exit_code": code,
-                  "seconds": time.time() - t0, "params": p, "argv": argv,
-                  "log": str(folder / "log.txt")}  # fmt: skip
-        _write_atomic(status_file, json.dumps(status, indent=1))
+        command = config["command"].format(**point["params"], out=str(folder / "out"))
+        todo.append((i, point, folder, shlex.split(command)))
+
+    def done(point: dict[str, Any], status: dict[str, Any]) -> None:
         counts[status["status"]] += 1
-        word = "ok" if code == 0 else f"FAILED (exit {code}, log {folder / 'log.txt'})"
-        say(f"[{i}/{len(todo)}] {point['id']}: {word} in {status['seconds']:.1f} s")
-    gather(config)
+        code, log = status["exit_code"], status["log"]
+        word = "ok" if status["status"] == "ok" else f"FAILED (exit {code}, log {log})"
+        took = f" in {status['seconds']:.1f} s" if status.get("seconds") is not None else ""
+        say(f"[{index[point['id']]}/{len(every)}] {point['id']}: {word}{took}")
+
+    try:
+        run_points(config, todo, done)
+    finally:
+        gather(config)
     return counts
 
 
@@ -335,6 +333,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = __doc__.split("\n\n", 1)[1] if __doc__ else ""
     parser.add_argument("action", choices=("run", "report"))
     parser.add_argument("path", help="run: the config (.toml); report: the results folder")
+    parser.add_argument("--where", choices=WHERE, help="run: override the config's where")
 
 
 def _run(_comm: Any, args: argparse.Namespace) -> int:
@@ -342,9 +341,10 @@ def _run(_comm: Any, args: argparse.Namespace) -> int:
         for path in report(args.path):
             print(f"wrote {path}")
         return 0
-    config = load_config(args.path)
+    config = load_config(args.path, where=args.where)
     n = len(points(config))
-    print(f"# experiment {config['name']}: {n} point(s), results in {config['results']}")
+    print(f"# experiment {config['name']}: {n} point(s) ({config['where']}), results in "
+          f"{config['results']}", flush=True)  # fmt: skip
     counts = run_sweep(config)
     print(f"# {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} done before; "
           f"{config['results']}/results.csv")  # fmt: skip

@@ -24,7 +24,7 @@ from typing import Any
 
 from .registry import Command, register
 
-__all__ = ["APPS", "render_sbatch", "submit"]
+__all__ = ["APPS", "render_sbatch", "submit", "job_outcome"]
 
 # Per app: commands run once before the job (plain hpcpar), then the command run on
 # every rank under ``hpcpar launch``, with its exit statuses that mean success.
@@ -166,24 +166,46 @@ def submit(
     if not wait:
         return result
     deadline = time.monotonic() + timeout
-    while True:
-        info = _job_info(job, env)
-        if info.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
-            break
+    while (outcome := job_outcome(job, env)) is None:
         if time.monotonic() > deadline:
             subprocess.run(["scancel", job], check=False, env=env)
             raise HpcparError(f"jobs: job {job} still running after {timeout:.0f} s; cancelled")
         time.sleep(0.5)
-    code = info.get("ExitCode", "0:0").split(":")
-    result.update(state=info.get("JobState"), exit_code=int(code[0]), log=info.get("StdOut"))
+    result.update(outcome)
     return result
 
 
-def _job_info(job: str, env: dict[str, str] | None = None) -> dict[str, str]:
-    """``scontrol show job`` as a dict (empty when Slurm has forgotten the job)."""
-    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True,
-                         timeout=30, check=False, env=env).stdout  # fmt: skip
-    return dict(re.findall(r"(\w+)=(\S*)", out))
+UNFINISHED = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED")
+
+
+def job_outcome(job: str, env: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """None while the job is queued or running; then its ``state``, ``exit_code``, ``log``.
+
+    A job Slurm no longer knows (long finished, or never existed) has state ``UNKNOWN``
+    and exit code -1.
+    """
+    info = _job_info(job, env)
+    if info is None or info.get("JobState") in UNFINISHED:
+        return None
+    code = info.get("ExitCode", "-1:0").split(":")
+    return {"state": info.get("JobState", "UNKNOWN"), "exit_code": int(code[0]),
+            "log": info.get("StdOut")}  # fmt: skip
+
+
+def _job_info(job: str, env: dict[str, str] | None = None) -> dict[str, str] | None:
+    """``scontrol show job`` as a dict.
+
+    Empty when Slurm has forgotten the job, None when Slurm could not be asked (try
+    again later).
+    """
+    try:
+        out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True,
+                             timeout=30, check=False, env=env)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return {} if "invalid job id" in out.stderr.lower() else None
+    return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:

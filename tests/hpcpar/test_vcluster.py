@@ -172,3 +172,51 @@ def test_run_without_a_cluster_is_an_error():
         pytest.skip("a virtual cluster is up")
     proc = hpcpar("vcluster", "run", "--", "demo")
     assert proc.returncode == 2 and "no virtual cluster is up" in proc.stderr
+
+
+@needs_namespaces
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_experiment_sweep_brings_its_cluster_up_and_down(tmp_path):
+    import json
+
+    hpcpar("vcluster", "down")
+    config = tmp_path / "vc.toml"
+    config.write_text(f"""
+[experiment]
+results = "{tmp_path / "res"}"
+timeout = 120
+oversubscribe = true
+where = "vcluster"
+
+[vcluster]
+nodes = 2
+link = "50us,1gbit"
+
+[sweep]
+command = "bench allreduce-mpi --min-size {{size}} --max-size 64 --repeats 2 --output {{out}}"
+ranks = [2, 4]
+size = ["8", "bogus"]
+""")
+    proc = hpcpar("experiment", "run", str(config), timeout=560)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the 'bogus' points failed
+    assert "2 ok, 2 failed" in proc.stdout
+    assert leftovers() == []  # brought down after the sweep
+    rows = json.loads((tmp_path / "res" / "results.json").read_text())
+    ok = [r for r in rows["results"] if r["status"] == "ok"]
+    assert {r["ranks"] for r in ok} == {2, 4} and all(r["valid"] for r in ok)
+    for folder in (tmp_path / "res" / "points").iterdir():
+        status = json.loads((folder / "status.json").read_text())
+        assert status["where"] == "vcluster" and "vcluster" in status["argv"]
+        if status["status"] == "ok":
+            meta = json.loads((folder / "out.json").read_text())["metadata"]
+            assert meta["host"] == "vnode0" and meta["ranks"] == status["params"]["ranks"]
+    # a cluster of another shape that is up is neither used nor taken down
+    assert hpcpar("vcluster", "up", "--nodes", "3").returncode == 0
+    try:
+        proc = hpcpar("experiment", "run", str(config))
+        assert proc.returncode == 2 and "a virtual cluster of 3 node(s)" in proc.stderr
+        assert "hpv-node2" in leftovers()
+    finally:
+        hpcpar("vcluster", "down")
+    assert leftovers() == []

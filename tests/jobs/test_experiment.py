@@ -76,12 +76,39 @@ def test_sweep_records_failures_resumes_and_reports(tmp_path, capsys):
         ("[sweep]\ncommand = 'demo'\nranks = [0]", "positive integers"),
         ("[sweep]\ncommand = 'bench {what}'\nranks = [1]", r"uses \{what\}"),
         ("[sweep]\ncommand = 'demo'\nranks = [1, 4096]", "set oversubscribe = true"),
-        ("[experiment]\nwhere = 'slurm'\n[sweep]\ncommand = 'demo'\nranks = [1]", "only 'local'"),
+        ("[experiment]\nwhere = 'cloud'\n[sweep]\ncommand = 'demo'\nranks = [1]",
+         "where = 'cloud'; valid: local, vcluster, slurm"),
+        ("[vcluster]\nnodse = 2\n[sweep]\ncommand = 'demo'\nranks = [1]",
+         r"unknown key\(s\) \['nodse'\] in \[vcluster\]; valid: link, nodes"),
+        ("[experiment]\nwhere = 'vcluster'\n[sweep]\ncommand = 'demo'\nranks = [2, 3]",
+         r"ranks \[3\] do not divide over the virtual cluster's 2 node"),
+        ("[experiment]\nwhere = 'vcluster'\n[sweep]\ncommand = 'demo'\nranks = [2]\n"
+         "layout = ['ppn:1']", "remove layout from"),
+        ("[slurm]\nlauncher = 'ssh'\n[sweep]\ncommand = 'demo'\nranks = [1]",
+         "srun or mpiexec, not 'ssh'"),
+        ("[slurm]\ntime = 'soon'\n[sweep]\ncommand = 'demo'\nranks = [1]", "--time must be"),
+        ("[slurm]\nsbatch_args = '--qos=x'\n[sweep]\ncommand = 'demo'\nranks = [1]",
+         "list of strings"),
     ],
 )  # fmt: skip
 def test_bad_configs_are_refused_with_what_is_wrong(tmp_path, text, message):
     with pytest.raises(UsageError, match=message):
         load_config(_config(tmp_path, text.replace("{", "{{").replace("}", "}}")))
+
+
+def test_where_from_the_command_line_overrides_the_config(tmp_path):
+    text = "[experiment]\nwhere = 'slurm'\n[slurm]\nppn = 2\n[sweep]\ncommand = 'demo'\nranks = [4]"
+    path = _config(tmp_path, text)
+    assert load_config(path)["where"] == "slurm"  # any rank count: Slurm's cores, not ours
+    with pytest.raises(UsageError, match="set oversubscribe"):  # but locally, ours
+        load_config(path, where="local")
+    from hpcpar.cli.sweep_where import slurm_script
+
+    config = load_config(path)
+    point = points(config)[0]
+    script = slurm_script(config, point, tmp_path, ["demo", "--count", "5"])
+    assert "#SBATCH --ntasks=4\n" in script and "#SBATCH --nodes=2\n" in script
+    assert 'launch -n "$SLURM_NTASKS" --timeout 600.0 --launcher srun -- demo --count 5' in script
 
 
 def test_cli_errors_are_one_line_status_2(tmp_path, capsys):

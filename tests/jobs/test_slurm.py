@@ -122,3 +122,62 @@ def test_a_failing_job_is_reported_failed_with_its_log(slurm, tmp_path, capsys):
     res = _run_script(slurm, tmp_path, "cfr", script=script)
     assert res["state"] == "FAILED" and res["exit_code"] == 2
     assert "unknown game 'no_such_game'" in Path(res["log"]).read_text()
+
+
+SLURM_SWEEP = '''
+[experiment]
+name = "tiny-slurm"
+results = "{results}"
+timeout = 120
+where = "slurm"
+
+[slurm]
+wait = {wait}
+
+[sweep]
+command = """bench allreduce-mpi --min-size {{size}} --max-size 64 --repeats 2 \\
+  --min-time 0.001 --output {{out}}"""
+ranks = [1, 2]
+size = ["8", "bogus"]
+'''
+
+
+@pytest.mark.timeout(600)
+def test_a_sweep_runs_as_batch_jobs_and_a_rerun_collects_queued_ones(slurm, tmp_path,
+                                                                     monkeypatch):  # fmt: skip
+    from hpcpar.cli.experiment import load_config, run_sweep
+
+    for key in ("SLURM_CONF", "PATH"):
+        monkeypatch.setenv(key, slurm.env[key])
+    monkeypatch.delenv("HPCPAR_LAYOUT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "res"
+
+    def config(wait):
+        path = tmp_path / f"sweep-{wait}.toml"
+        path.write_text(SLURM_SWEEP.format(results=root, wait=wait))
+        return load_config(path)
+
+    # the runner gives up waiting at once: every job stays submitted, nothing is lost
+    with pytest.raises(HpcparError, match=r"4 Slurm job\(s\) still queued or running"):
+        run_sweep(config(0.01), say=lambda *a: None)
+    statuses = {p.parent.name: json.loads(p.read_text()) for p in root.glob("points/*/status.json")}
+    assert len(statuses) == 4 and {s["status"] for s in statuses.values()} == {"submitted"}
+    # a rerun collects those jobs instead of submitting them again
+    counts = run_sweep(config(600), say=lambda *a: None)
+    assert counts == {"ok": 2, "failed": 2, "skipped": 0}
+    for point, old in statuses.items():
+        new = json.loads((root / "points" / point / "status.json").read_text())
+        assert new["job"] == old["job"] and new["where"] == "slurm"
+        if new["status"] == "failed":  # 'bogus' is not a size: exit 2, said in the job's log
+            assert new["exit_code"] == 2 and new["slurm_state"] == "FAILED"
+            assert "bogus" in Path(new["log"]).read_text()
+        else:
+            assert new["seconds"] > 0 and new["slurm_state"] == "COMPLETED"
+    rows = json.loads((root / "results.json").read_text())["results"]
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert {r["ranks"] for r in ok} == {1, 2} and all(r["valid"] for r in ok)
+    assert {r["size"] for r in ok} == {8, 16, 32, 64}
+    assert {r["ranks"] for r in rows if r["speedup"] is not None} == {1, 2}
+    # finished points are not submitted again
+    assert run_sweep(config(600), say=lambda *a: None) == {"ok": 0, "failed": 2, "skipped": 2}
