@@ -52,7 +52,10 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
         )
         print(f"  reduction:  {1 / profile.gamma_s_per_byte / 1e9:.2f} GB/s (numpy add)")
         per_call, per_round = profile.call_s * ms, profile.step_s * ms
-        print(f"  hpcpar:     {per_call:.2f} us per call, {per_round:.2f} us per round")
+        print(
+            f"  hpcpar:     {per_call:.2f} us per call, {per_round:.2f} us per round; "
+            f"{profile.library_call_s * ms:.2f} us on a library call"
+        )
         print(f"written to {args.output}; use it with HPCPAR_PROFILE={args.output}", flush=True)
     return 0
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..runtime.env import getenv_fast
 from . import mpi_library
 from . import reproducible as repro
 from .buffers import check_out, host_array, result_buffer, to_device_like
@@ -142,6 +143,9 @@ def _on_device(x: Any, out: Any, deliver: Callable[[], Any]) -> Callable[[], Any
     return lambda: to_device_like(x, deliver())
 
 
+_AUTO_ENV = (b"HPCPAR_ALGORITHM_ALLREDUCE", b"HPCPAR_RULES", b"HPCPAR_PROFILE")
+
+
 def _fast_allreduce(x: Any, op: Any, out: Any, comm: Any, algorithm: str) -> Any:
     """The MPI library's blocking Allreduce with as little Python as possible, or None.
 
@@ -152,10 +156,20 @@ def _fast_allreduce(x: Any, op: Any, out: Any, comm: Any, algorithm: str) -> Any
     state = _fast_state(comm)
     if state is None or type(x) is not np.ndarray or not isinstance(op, MPI.Op) or checking():
         return None
-    if algorithm != "mpi" and (
-        algorithm != "auto"
-        or choose("allreduce", "auto", None, state, x.nbytes, x.itemsize)[0].name != "mpi"
-    ):
+    if algorithm == "auto":
+        # auto's choice depends on the size, the element size and three variables
+        # (read on every call, so changing one takes effect at once); remember it.
+        key = (x.nbytes, x.itemsize, getenv_fast("", _AUTO_ENV[0]),
+               getenv_fast("", _AUTO_ENV[1]), getenv_fast("", _AUTO_ENV[2]))  # fmt: skip
+        use_mpi = state.fast_auto.get(key)
+        if use_mpi is None:
+            use_mpi = choose("allreduce", "auto", None, state, x.nbytes, x.itemsize)[0].name
+            use_mpi = state.fast_auto[key] = use_mpi == "mpi"
+            if len(state.fast_auto) > 4096:  # a program sweeping every size
+                state.fast_auto.clear()
+        if not use_mpi:
+            return None
+    elif algorithm != "mpi":
         return None
     rop = resolve_op(op, x.dtype)
     if not mpi_library.is_native(rop, x.dtype) or not x.flags.c_contiguous:

@@ -14,6 +14,7 @@ from typing import Any
 from mpi4py import MPI
 
 from ..runtime.comm import default_comm, resolve_comm
+from ..runtime.env import getenv_fast
 from ..topology import Hierarchy
 from .channel import Channel, CollectiveStats
 
@@ -21,7 +22,9 @@ __all__ = ["CommState", "state_for", "fast_state", "TAGS_PER_CALL"]
 
 TAGS_PER_CALL = 8  # sub-schedules of one call that run side by side use tag + 0..7
 _KEYVAL: int | None = None
-_DEFAULT: CommState | None = None  # the state of comm=None, looked up on every call
+# The state of comm=None and the HPCPAR_LAYOUT it was made for (looked up on every call).
+_DEFAULT: tuple[str, CommState] | None = None
+_LAYOUT_KEY = b"HPCPAR_LAYOUT"
 
 
 class CommState:
@@ -44,6 +47,7 @@ class CommState:
         self._tag_slots = max(1, (min(int(tag_ub), 1 << 30) - 1) // TAGS_PER_CALL)
         self._sequence = 0
         self.auto_cache: dict[tuple[object, ...], tuple[str, str]] = {}
+        self.fast_auto: dict[tuple[object, ...], bool] = {}  # allreduce's fast path
 
     def next_tag(self) -> int:
         """The base tag of the next collective call (every rank calls in the same order)."""
@@ -79,7 +83,9 @@ def _delete(comm: Any, keyval: int, value: Any) -> None:
 def fast_state(comm: Any) -> CommState | None:
     """The state of ``comm`` if it exists already (no collective call), else None."""
     if comm is None:
-        return _DEFAULT
+        if _DEFAULT is not None and _DEFAULT[0] == (getenv_fast("", _LAYOUT_KEY) or ""):
+            return _DEFAULT[1]
+        return None
     if _KEYVAL is None:
         return None
     if isinstance(comm, Hierarchy):
@@ -99,8 +105,12 @@ def state_for(comm: Any) -> CommState:
     communicator the layout is ``HPCPAR_LAYOUT`` as it was at that first use.
     """
     global _KEYVAL, _DEFAULT
-    if comm is None and _DEFAULT is not None:
-        return _DEFAULT
+    if (
+        comm is None
+        and _DEFAULT is not None
+        and _DEFAULT[0] == (getenv_fast("", _LAYOUT_KEY) or "")
+    ):
+        return _DEFAULT[1]
     if isinstance(comm, MPI.Intracomm) and _KEYVAL is not None:
         cache = comm.Get_attr(_KEYVAL)
         if cache and "" in cache and len(cache) == 1:
@@ -118,6 +128,6 @@ def state_for(comm: Any) -> CommState:
     key = layout or ""
     if key not in cache:
         cache[key] = CommState(base, layout)
-    if comm is None and key == "":
-        _DEFAULT = cache[key]
+    if comm is None:
+        _DEFAULT = (key, cache[key])
     return cache[key]

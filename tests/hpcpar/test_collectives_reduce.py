@@ -145,3 +145,29 @@ def test_pipelined_segments(comm, monkeypatch):
             np.array_equal(got, contribution(size - 1, n, "f8")), f"pipelined bcast n={n}", comm
         )
     h.free()
+
+
+@pytest.mark.mpi
+def test_library_allreduce_takes_the_fast_path_under_a_layout(comm, monkeypatch):
+    """comm=None with HPCPAR_LAYOUT set, algorithm mpi or auto: no general machinery after
+    the first call; a changed layout or HPCPAR_ALGORITHM_ALLREDUCE is seen at once."""
+    from hpcpar.collectives import api, last_stats
+
+    general = []
+    complete = api._complete
+    monkeypatch.setattr(api, "_complete", lambda *a: general.append(a[-1]) or complete(*a))
+    x = np.arange(5.0) + comm.rank
+    want = np.arange(5.0) * comm.size + comm.size * (comm.size - 1) / 2
+    for layout in ("ppn:1", "ppn:2"):
+        monkeypatch.setenv("HPCPAR_LAYOUT", layout)
+        hpcpar.allreduce(x)  # the first call under a layout may build its state
+        before = len(general)
+        for algorithm in ("mpi", "auto", "mpi", "auto"):
+            got = hpcpar.allreduce(x, algorithm=algorithm)
+            assert_all(np.array_equal(got, want), f"{layout} {algorithm}: {got}", comm)
+            assert_all(last_stats().algorithm == "mpi", "ran the library", comm)
+        assert_all(len(general) == before, f"{layout}: general path taken", comm)
+    monkeypatch.setenv("HPCPAR_ALGORITHM_ALLREDUCE", "ring")
+    got = hpcpar.allreduce(x)
+    assert_all(np.array_equal(got, want) and last_stats().algorithm == "ring",
+               "auto follows HPCPAR_ALGORITHM_ALLREDUCE at once", comm)  # fmt: skip

@@ -114,11 +114,33 @@ def test_library_time_interpolates_its_table():
 def test_auto_follows_the_model_only_with_a_calibrated_profile():
     layout = Layout(tuple(r // 2 for r in range(8)))
     assert plan_for("allreduce", 1 << 24, layout, default_profile()).algorithm == "mpi"
-    calibrated = profile_from_json({**NETWORK.to_json(), "calibrated": True})
+    slow_library = {"allreduce": {"ranks": 8, "table": [[8, 1.0], [1 << 30, 1.0]]}}
+    calibrated = profile_from_json(
+        {**NETWORK.to_json(), "calibrated": True, "mpi_library": slow_library}
+    )
     plan = plan_for("allreduce", 1 << 24, layout, calibrated)
     assert plan.algorithm == plan.ranking[0].algorithm and "fastest predicted" in plan.reason
     text = str(plan)
     assert "auto runs:" in text and "rabenseifner" in text
+
+
+def test_auto_leaves_the_library_only_for_a_predicted_win_above_the_margin():
+    layout = Layout(tuple(r // 2 for r in range(8)))
+    base = {**NETWORK.to_json(), "calibrated": True}
+    for nbytes in (8, 1 << 12, 1 << 24):
+        ranking = plan_for("allreduce", nbytes, layout, profile_from_json(base)).ranking
+        best = ranking[0]
+        library = next(p for p in ranking if p.algorithm == "mpi")
+        gain = 1 - best.seconds / library.seconds  # 0 when the library is predicted fastest
+        for margin in (0.0, max(gain - 0.01, 0.0), min(gain + 0.01, 0.99)):
+            plan = plan_for("allreduce", nbytes, layout,
+                            profile_from_json({**base, "margin": margin}))  # fmt: skip
+            expect = best.algorithm if gain > margin else "mpi"
+            assert plan.algorithm == expect, (nbytes, margin, gain, plan.reason)
+            if best.algorithm != "mpi" and gain <= margin:
+                assert f"not {margin:.0%} faster than the MPI library's call" in plan.reason
+    with pytest.raises(ProfileError, match=r"margin must be a number in \[0, 1\), not 1.5"):
+        profile_from_json({**base, "margin": 1.5})
 
 
 @pytest.mark.parametrize(

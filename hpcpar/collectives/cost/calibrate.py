@@ -3,8 +3,9 @@
 Collective over the job. Intra-node alpha/beta come from a ping-pong between two ranks
 of one node, inter-node from a ping-pong between two node leaders (copied from the
 intra-node level when the job has one node); gamma from numpy's add on a few MiB;
-hpcpar's software costs from its own calls against the library's; and the library's
-collectives are timed at a few sizes so ``auto`` can weigh them against hpcpar's.
+hpcpar's software costs from its own calls against the library's and the model; and
+the library's collectives are timed at a few sizes (loops of calls, as benchmarks time
+them) so ``auto`` can weigh them against hpcpar's.
 """
 
 from __future__ import annotations
@@ -96,24 +97,40 @@ def _library_call(comm: Any, collective: str, n: int) -> Callable[[], Any]:
 
 def _library_table(comm: Any, collective: str, repeats: int) -> list[list[float]]:
     return [
-        [nbytes, _median_time(comm, _library_call(comm, collective, max(1, nbytes // 8)), repeats)]
+        [nbytes, _per_call(comm, _library_call(comm, collective, max(1, nbytes // 8)), repeats)]
         for nbytes in LIBRARY_SIZES
     ]
 
 
-def _per_call(comm: Any, op: Callable[[], Any], repeats: int, calls: int = 20) -> float:
+def _per_call(comm: Any, op: Callable[[], Any], repeats: int, budget_s: float = 2e-3) -> float:
+    """Seconds per call of ``op`` (collective): median over ``repeats`` loops of calls.
+
+    One call right after a barrier pays the ranks' wake-up (a lot when ranks share
+    cores), so each sample is a loop of as many calls as fit ``budget_s`` (1 to 200,
+    agreed by all ranks), as a benchmark times them.
+    """
+    from mpi4py import MPI
+
+    op()  # warm up: buffers, connections, the first call's setup
+    once = _median_time(comm, op, 3)
+    calls = comm.allreduce(max(1, min(200, int(budget_s / max(once, 1e-7)))), op=MPI.MAX)
     return _median_time(comm, lambda: [op() for _ in range(calls)], repeats) / calls
 
 
 def _software_costs(
-    comm: Any, hierarchy: Any, intra: Level, inter: Level, repeats: int
-) -> tuple[float, float]:
-    """The Python cost hpcpar adds per call and per round.
+    comm: Any, hierarchy: Any, profile: Profile, repeats: int
+) -> tuple[float, float, float]:
+    """What hpcpar's Python adds: per call and per round of its schedules, per library call.
 
-    Per call: its ``mpi`` path against the library's own call. Per round: the slope
-    between two algorithms with different round counts, less one latency.
+    A library call through hpcpar (``algorithm="mpi"``) against the library's own call
+    gives the last. For its own schedules, two algorithms with different round counts
+    (recursive doubling, ring) on 8 bytes are timed, the model's network and reduction
+    time for each (``profile`` without software costs) is taken off, and the rest is
+    fitted as ``call + rounds x step``.
     """
     import hpcpar
+
+    from .model import predict
 
     x, out = np.ones(1), np.empty(1)
     direct = _per_call(comm, lambda: comm.Allreduce(x, out), repeats)
@@ -121,20 +138,19 @@ def _software_costs(
         comm, lambda: hpcpar.allreduce(x, out=out, comm=hierarchy, algorithm="mpi"), repeats
     )
     layout = Layout(tuple(hierarchy.node_of))
-    timed = {}
+    rest = []
     for name in ("recursive_doubling", "ring"):
-        timed[name] = (
-            _per_call(
-                comm,
-                lambda name=name: hpcpar.allreduce(x, out=out, comm=hierarchy, algorithm=name),
-                repeats,
-            ),
-            counts_for("allreduce", name, layout, 0, 1, 8).rounds,
+        timed = _per_call(
+            comm,
+            lambda name=name: hpcpar.allreduce(x, out=out, comm=hierarchy, algorithm=name),
+            repeats,
         )
-    (t_few, few), (t_many, many) = sorted(timed.values(), key=lambda tr: tr[1])
-    latency = min(intra.alpha_s, inter.alpha_s)
-    slope = (t_many - t_few) / (many - few) if many > few else t_few / max(few, 1)
-    return max(through - direct, 0.0), max(slope - latency, 0.0)
+        network = predict("allreduce", name, layout, 1, 8, profile).seconds
+        rest.append((counts_for("allreduce", name, layout, 0, 1, 8).rounds, timed - network))
+    (few, r_few), (many, r_many) = sorted(rest)
+    step = max((r_many - r_few) / (many - few), 0.0) if many > few else 0.0
+    call = max(r_few - few * step, 0.0)
+    return call, step, max(through - direct, 0.0)
 
 
 def _send_methods(comm: Any, repeats: int) -> list[list[float]]:
@@ -177,7 +193,8 @@ def calibrate(comm: Any, hierarchy: Any, *, repeats: int = 9, name: str | None =
     if inter is None:
         inter = intra
     gamma = comm.allreduce(_gamma()) / comm.Get_size()
-    call_s, step_s = _software_costs(comm, hierarchy, intra, inter, repeats)
+    network = Profile("network", intra, inter, gamma)
+    call_s, step_s, library_call_s = _software_costs(comm, hierarchy, network, repeats)
     library = {
         c: {
             "ranks": comm.Get_size(),
@@ -196,6 +213,7 @@ def calibrate(comm: Any, hierarchy: Any, *, repeats: int = 9, name: str | None =
         gamma_s_per_byte=gamma,
         call_s=call_s,
         step_s=step_s,
+        library_call_s=library_call_s,
         mpi_library=library,
         calibrated=True,
     )

@@ -120,6 +120,14 @@ def plan_for(
         reason = f"fastest predicted ({best.seconds * 1e6:.1f} us)" + (
             f"; next {runner.algorithm} at {runner.seconds * 1e6:.1f} us" if runner else ""
         )
+        library = next((pred for pred in ranking if pred.algorithm == "mpi"), None)
+        if chosen != "mpi" and library and best.seconds >= library.seconds * (1 - active.margin):
+            chosen = "mpi"
+            reason = (
+                f"{best.algorithm} is predicted fastest ({best.seconds * 1e6:.1f} us) but not "
+                f"{active.margin:.0%} faster than the MPI library's call "
+                f"({library.seconds * 1e6:.1f} us), so the library's (the profile's margin)"
+            )
     else:
         chosen = "mpi"
         reason = (

@@ -6,8 +6,16 @@ A profile is a JSON file written by ``hpcpar calibrate`` (or by hand):
      "levels": {"intra": {"alpha_s": 1e-6, "beta_s_per_byte": 2e-10},
                 "inter": {"alpha_s": 2e-5, "beta_s_per_byte": 1e-9}},
      "gamma_s_per_byte": 1e-10,
-     "software": {"call_s": 4e-6, "step_s": 6e-6},
+     "software": {"call_s": 4e-6, "step_s": 6e-6, "library_call_s": 1e-6},
+     "margin": 0.1,
      "mpi_library": {"allreduce": {"ranks": 4, "layout": "ppn:2", "table": [[8, 2.1e-6], ...]}}}
+
+``software``: what hpcpar's Python adds to one call of its own schedules (``call_s``)
+and per message round (``step_s``), and to a call that runs the MPI library's own
+collective through hpcpar (``library_call_s``; ``call_s`` when absent).
+``margin`` (default 0.1) is how much faster than the MPI library's own call another
+algorithm must be predicted before ``auto`` leaves the library: a model error of a few
+per cent must not cost more than the library would.
 
 Loading validates every field and never executes anything from the file.
 """
@@ -24,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import HpcparError
+from ...runtime.env import getenv_fast
 
 __all__ = [
     "Level",
@@ -63,8 +72,10 @@ class Profile:
     gamma_s_per_byte: float
     call_s: float = 0.0
     step_s: float = 0.0
+    library_call_s: float = 0.0
     mpi_library: dict[str, Any] = field(default_factory=dict)
     calibrated: bool = False
+    margin: float = 0.1
 
     def to_json(self) -> dict[str, Any]:
         """The profile as the JSON document ``load_profile`` reads."""
@@ -78,8 +89,13 @@ class Profile:
                 for name, level in (("intra", self.intra), ("inter", self.inter))
             },
             "gamma_s_per_byte": self.gamma_s_per_byte,
-            "software": {"call_s": self.call_s, "step_s": self.step_s},
+            "software": {
+                "call_s": self.call_s,
+                "step_s": self.step_s,
+                "library_call_s": self.library_call_s,
+            },
             "mpi_library": self.mpi_library,
+            "margin": self.margin,
         }
 
     def library_time(self, collective: str, nbytes: int, ranks: int) -> float | None:
@@ -196,9 +212,20 @@ def profile_from_json(doc: Any, name: str = "profile") -> Profile:
         gamma_s_per_byte=_number(doc, "gamma_s_per_byte"),
         call_s=_number(doc, "software.call_s") if "software" in doc else 0.0,
         step_s=_number(doc, "software.step_s") if "software" in doc else 0.0,
+        library_call_s=_number(doc, "software.library_call_s")
+        if "library_call_s" in doc.get("software", {})
+        else (_number(doc, "software.call_s") if "software" in doc else 0.0),
         mpi_library=library,
         calibrated=bool(doc.get("calibrated", False)),
+        margin=_margin(doc, name),
     )
+
+
+def _margin(doc: dict[str, Any], name: str) -> float:
+    value = doc.get("margin", 0.1)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ProfileError(f"{name}: margin must be a number in [0, 1), not {value!r}")
+    return float(value)
 
 
 def load_profile(path: str | os.PathLike[str]) -> Profile:
@@ -219,9 +246,12 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
 _active: dict[str, Profile | None] = {}
 
 
+_KEY = b"HPCPAR_PROFILE"
+
+
 def active_profile() -> Profile | None:
     """The profile named by ``HPCPAR_PROFILE`` (loaded once per path), or None."""
-    path = os.environ.get("HPCPAR_PROFILE")
+    path = getenv_fast("HPCPAR_PROFILE", _KEY)
     if not path:
         return None
     if path not in _active:

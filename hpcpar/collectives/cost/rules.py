@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import HpcparError
+from ...runtime.env import getenv_fast
 from ..algorithms import ALGORITHMS
 
 __all__ = ["Rule", "RulesError", "load_rules", "rules_from_json", "active_rules", "match_rule"]
@@ -110,9 +111,12 @@ def load_rules(path: str | os.PathLike[str]) -> dict[str, list[Rule]]:
 _loaded: dict[str, dict[str, list[Rule]]] = {}
 
 
+_KEY = b"HPCPAR_RULES"
+
+
 def active_rules() -> dict[str, list[Rule]] | None:
     """The rules named by ``HPCPAR_RULES`` (loaded once per path), or None."""
-    path = os.environ.get("HPCPAR_RULES")
+    path = getenv_fast("HPCPAR_RULES", _KEY)
     if not path:
         return None
     if path not in _loaded:
