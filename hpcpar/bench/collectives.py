@@ -2,7 +2,9 @@
 
 Peers in the same run: the MPI library's own collective called directly on the same
 communicator (``mpi-direct``, the baseline every ratio is taken against; ``mpi`` is the
-same call through hpcpar, so the two differ by hpcpar's Python overhead) and, where
+same call through hpcpar, so the two differ by hpcpar's Python overhead; ``auto`` is
+the cost model's choice and, for allreduce, ``autotune`` the same after timing the
+model's best candidates on its first call) and, where
 PyTorch is installed, ``torch.distributed`` with the gloo backend (the CPU peer a Python
 user would pick; ``--no-gloo`` leaves it out).
 """
@@ -55,7 +57,9 @@ def _hpcpar_case(comm: Any, h: Any, collective: str, algorithm: str) -> Callable
         if collective == "allreduce":
             out = np.empty_like(x)
             want = p * base + p * (p - 1) / 2
-            return (lambda: hpcpar.allreduce(x, out=out, comm=h, algorithm=algorithm)), (
+            tune = algorithm == "autotune"  # auto, timing its candidates on the first call
+            name = "auto" if tune else algorithm
+            return (lambda: hpcpar.allreduce(x, out=out, comm=h, algorithm=name, autotune=tune)), (
                 lambda: np.array_equal(out, want)
             )
         if collective == "reduce":
@@ -194,7 +198,8 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     from ..errors import UsageError
 
     h = hpcpar.Hierarchy(comm, layout=args.layout)
-    names = ["mpi", "auto", *[a for a in algorithms_for(args.collective) if a != "mpi"]]
+    tune = ["autotune"] if args.collective == "allreduce" else []
+    names = ["mpi", "auto", *tune, *[a for a in algorithms_for(args.collective) if a != "mpi"]]
     if args.algorithms:
         wanted = [a.strip() for a in args.algorithms.split(",") if a.strip()]
         unknown = sorted(set(wanted) - set(names))
@@ -226,7 +231,7 @@ def _predictor(args: argparse.Namespace, h: Any) -> Callable[[str, int], float |
     layout = Layout(tuple(h.node_of))
 
     def predict(variant: str, nbytes: int) -> float | None:
-        if variant == "torch-gloo":
+        if variant in ("torch-gloo", "autotune"):
             return None
         plan = plan_for(args.collective, nbytes, layout, profile)
         wanted = {"mpi-direct": "mpi", "auto": plan.algorithm}.get(variant, variant)

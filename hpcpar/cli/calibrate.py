@@ -56,6 +56,8 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
             f"  hpcpar:     {per_call:.2f} us per call, {per_round:.2f} us per round; "
             f"{profile.library_call_s * ms:.2f} us on a library call"
         )
+        if profile.oversubscribed:
+            print("  oversubscribed: more ranks than cores on a machine (no pipelined overlap)")
         print(f"written to {args.output}; use it with HPCPAR_PROFILE={args.output}", flush=True)
     return 0
 

@@ -17,6 +17,8 @@ from mpi4py import MPI
 from ..runtime.env import getenv_fast
 from . import mpi_library
 from . import reproducible as repro
+from .autotune import autotune_on as _autotune_on
+from .autotune import tuned_algorithm
 from .buffers import check_out, host_array, result_buffer, to_device_like
 from .call import open_call
 from .channel import CollectiveStats, even_counts
@@ -198,6 +200,7 @@ def allreduce(
     comm: Any = None,
     algorithm: str = "auto",
     reproducible: bool = False,
+    autotune: bool | None = None,
 ) -> Any:
     """Reduce ``x`` over all ranks; every rank gets the result.
 
@@ -210,10 +213,19 @@ def allreduce(
         algorithm: ``"auto"`` or a name from ``hpcpar.collectives.algorithms_for("allreduce")``.
         reproducible: Bitwise identical results whatever the algorithm and layout
             (see ``hpcpar.collectives.reproducible``).
+        autotune: With ``auto``, time the model's best candidates on the first call of
+            each size class and keep the fastest (``hpcpar.collectives.autotune``);
+            None: as ``HPCPAR_AUTOTUNE`` says.
 
     Returns:
         The reduced array (``out`` when given).
     """
+    if (
+        algorithm == "auto"
+        and not reproducible
+        and (autotune or (autotune is None and _autotune_on()))
+    ):
+        algorithm = tuned_algorithm(x, op, comm)[0]
     if not reproducible:
         result = _fast_allreduce(x, op, out, comm, algorithm)
         if result is not None:

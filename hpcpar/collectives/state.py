@@ -48,6 +48,8 @@ class CommState:
         self._sequence = 0
         self.auto_cache: dict[tuple[object, ...], tuple[str, str]] = {}
         self.fast_auto: dict[tuple[object, ...], bool] = {}  # allreduce's fast path
+        self.tuned: dict[tuple[object, ...], tuple[str, str]] = {}  # autotune's winners
+        self.tuned_quick: dict[tuple[object, ...], tuple[str, str]] = {}  # by call arguments
 
     def next_tag(self) -> int:
         """The base tag of the next collective call (every rank calls in the same order)."""

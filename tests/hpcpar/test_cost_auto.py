@@ -64,3 +64,49 @@ def test_bad_rules_and_profiles_fail_on_every_rank(comm, tmp_path, monkeypatch):
     monkeypatch.setenv("HPCPAR_PROFILE", shared_path(comm, tmp_path, "p.json", {"format": "nope"}))
     with pytest.raises(ProfileError, match="not an hpcpar profile"):
         hpcpar.allreduce(np.ones(3))
+
+
+def test_autotune_keeps_the_candidate_fastest_on_the_slowest_rank(comm, monkeypatch):
+    from hpcpar.collectives import autotune
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    seen = []
+
+    def fake(state, name, run):  # the library fastest on every rank but the last
+        run()  # still collective, as the real measurement
+        seen.append(name)
+        i = len(seen) - 1
+        return [1.0, 4.0, 6.0, 6.0][i] + (9.0 if i == 0 and rank == size - 1 else 0.0)
+
+    monkeypatch.setattr(autotune, "_measure", fake)
+    fresh = comm.Dup()  # its own state: nothing tuned on it yet
+    x = contribution(rank, 1000, np.float64)
+    keep = x.copy()
+    want = sum(contribution(q, 1000, np.float64) for q in range(size))
+    got = hpcpar.allreduce(x, comm=fresh, autotune=True)
+    assert_all(np.allclose(got, want) and np.array_equal(x, keep), "result, input kept", comm)
+    assert_all(seen[0] == "mpi" and len(seen) == len(set(seen)) >= 2, f"candidates {seen}", comm)
+    assert_all(last_stats().algorithm == seen[1], f"kept {last_stats().algorithm}", comm)
+    assert_all(comm.allgather(seen) == [seen] * size, "same candidates everywhere", comm)
+    again = hpcpar.allreduce(x + 1, comm=fresh, autotune=True)  # same size class
+    assert_all(len(seen) <= 4 and np.allclose(again, want + size), "tuned once", comm)
+    ((_, (name, reason)),) = autotune.tuned(fresh).items()
+    assert_all(name == seen[1] and "autotuned on first use" in reason, reason, comm)
+    fresh.Free()
+
+
+def test_autotune_from_the_environment_measures_for_real(comm, monkeypatch):
+    import re
+
+    from hpcpar.collectives import autotune
+
+    monkeypatch.setenv("HPCPAR_AUTOTUNE", "1")
+    x = np.full(4096, float(comm.Get_rank()))
+    got = hpcpar.allreduce(x)
+    assert_all(np.array_equal(got, np.full(4096, sum(range(comm.Get_size())))), "sum", comm)
+    tuned = [v for k, v in autotune.tuned().items() if k[1] == x.nbytes.bit_length()]
+    assert_all(len(tuned) == 1, f"one entry for the size class: {tuned}", comm)
+    name, reason = tuned[0]
+    times = {n: float(t) for n, t in re.findall(r"(\w+) ([0-9.]+) us", reason)}
+    assert_all(name == min(times, key=times.get) and "mpi" in times, reason, comm)
+    assert_all(comm.allgather(name) == [name] * comm.Get_size(), "one winner", comm)

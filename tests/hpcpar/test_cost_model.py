@@ -257,3 +257,20 @@ def test_rules_files(tmp_path):
         path.write_text(json.dumps(doc))
         with pytest.raises(RulesError, match=message):
             load_rules(path)
+
+
+def test_pipelined_stages_overlap_only_without_oversubscription():
+    from hpcpar.collectives.pipelined import segment_elements
+
+    layout = Layout(tuple(r // 2 for r in range(8)))
+    crowded = profile_from_json({**NETWORK.to_json(), "oversubscribed": True})
+    assert crowded.oversubscribed and not NETWORK.oversubscribed
+    segment = segment_elements(8)
+    for segments in (1, 4):
+        free = predict("allreduce", "pipelined", layout, segments * segment, 8, NETWORK)
+        busy = predict("allreduce", "pipelined", layout, segments * segment, 8, crowded)
+        first = free.seconds - free.parts["overlap"]
+        assert busy.seconds - busy.parts["overlap"] == pytest.approx(first)
+        # overlapped: each later segment pays its slowest stage; queued: all of them
+        assert (busy.parts["overlap"] > free.parts["overlap"]) == (segments > 1)
+        assert busy.parts["overlap"] == pytest.approx((segments - 1) * first)

@@ -178,6 +178,24 @@ def _send_methods(comm: Any, repeats: int) -> list[list[float]]:
     return rows
 
 
+def _oversubscribed(comm: Any) -> bool:
+    """Whether some machine runs more of the job's ranks than it has cores (collective).
+
+    Ranks are grouped by the kernel they run on (its boot id), so the virtual nodes of
+    one machine (network namespaces) count as the one machine they share.
+    """
+    import os
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            machine = handle.read().strip()
+    except OSError:
+        machine = platform.node()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    seen = comm.allgather((machine, cores or 1))
+    return any(sum(m == host for m, _ in seen) > c for host, c in seen)
+
+
 def calibrate(comm: Any, hierarchy: Any, *, repeats: int = 9, name: str | None = None) -> Profile:
     """Measure a profile for this job (collective over ``comm``)."""
     node_ranks = [hierarchy.ranks_of_node(i) for i in range(hierarchy.n_nodes)]
@@ -206,6 +224,7 @@ def calibrate(comm: Any, hierarchy: Any, *, repeats: int = 9, name: str | None =
     if comm.Get_size() > 1:
         library["send_methods"] = {"ranks": 2, "table": _send_methods(comm, repeats)}
     where = f"{comm.Get_size()} ranks, layout {hierarchy.layout or 'real'}"
+    crowded = _oversubscribed(comm)
     return Profile(
         name=name or f"calibrated on {platform.node()} ({where})",
         intra=intra,
@@ -216,4 +235,5 @@ def calibrate(comm: Any, hierarchy: Any, *, repeats: int = 9, name: str | None =
         library_call_s=library_call_s,
         mpi_library=library,
         calibrated=True,
+        oversubscribed=crowded,
     )

@@ -6,7 +6,8 @@ one Python step per message round). Inter-node bytes are multiplied by how many 
 of a node drive the network link at once (one for the two-level algorithms, the number
 of rails for multi-leader, every rank of the node for flat exchanges). The pipelined
 algorithms overlap their stages: the first segment pays every stage, the rest only the
-slowest one. The call's time is the slowest rank's; for large jobs a few
+slowest one (every stage again where the profile says ranks outnumber cores). The call's
+time is the slowest rank's; for large jobs a few
 representative ranks stand in for all (first and last of nodes, fold boundaries).
 The MPI library's own call is priced from its measured table in the profile when
 there is one, otherwise as the best classic flat algorithm without hpcpar's overheads;
@@ -129,7 +130,9 @@ def _pipelined(
         kind: sum(p[kind] for p in priced) for kind in ("intra", "inter", "reduce", "software")
     }
     parts["software"] -= 2 * profile.call_s  # one call, not one per stage
-    parts["overlap"] = (segments - 1) * max(times)
+    # Stages overlap only where each rank has a core of its own; on an oversubscribed
+    # machine the stages of later segments queue for the same cores.
+    parts["overlap"] = (segments - 1) * (sum(times) if profile.oversubscribed else max(times))
     return parts
 
 

@@ -13,9 +13,11 @@ A profile is a JSON file written by ``hpcpar calibrate`` (or by hand):
 ``software``: what hpcpar's Python adds to one call of its own schedules (``call_s``)
 and per message round (``step_s``), and to a call that runs the MPI library's own
 collective through hpcpar (``library_call_s``; ``call_s`` when absent).
-``margin`` (default 0.1) is how much faster than the MPI library's own call another
-algorithm must be predicted before ``auto`` leaves the library: a model error of a few
-per cent must not cost more than the library would.
+``oversubscribed`` (default false): some machine of the job ran more ranks than it has
+cores, so pipelined stages cannot overlap. ``margin`` (default 0.1) is how much faster
+than the MPI library's own call another algorithm must be predicted before ``auto``
+leaves the library: a model error of a few per cent must not cost more than the
+library would.
 
 Loading validates every field and never executes anything from the file.
 """
@@ -76,6 +78,7 @@ class Profile:
     mpi_library: dict[str, Any] = field(default_factory=dict)
     calibrated: bool = False
     margin: float = 0.1
+    oversubscribed: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The profile as the JSON document ``load_profile`` reads."""
@@ -96,6 +99,7 @@ class Profile:
             },
             "mpi_library": self.mpi_library,
             "margin": self.margin,
+            "oversubscribed": self.oversubscribed,
         }
 
     def library_time(self, collective: str, nbytes: int, ranks: int) -> float | None:
@@ -218,6 +222,7 @@ def profile_from_json(doc: Any, name: str = "profile") -> Profile:
         mpi_library=library,
         calibrated=bool(doc.get("calibrated", False)),
         margin=_margin(doc, name),
+        oversubscribed=bool(doc.get("oversubscribed", False)),
     )
 
 

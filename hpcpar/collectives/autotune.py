@@ -1,0 +1,108 @@
+"""Online autotuning of ``auto``: time the model's best candidates on first use, keep the winner.
+
+The cost model is only as good as its profile, and on a busy or oversubscribed machine
+algorithms it predicts within a few per cent of each other can measure far apart. With
+``HPCPAR_AUTOTUNE=1`` (or ``allreduce(..., autotune=True)``), the first ``auto``
+allreduce of each size class (bytes rounded down to a power of two), element type and
+op kind on a communicator runs the MPI library's call and the model's three best other
+candidates on the call's own data into a scratch buffer (the caller's arrays are not
+touched), each as many times as fit about ``BUDGET_S`` (2 to 20 calls, the count agreed
+by all ranks), takes each candidate's slowest-rank time per call, and keeps the fastest
+for the rest of the run. One allreduce of the timings makes every rank keep the same
+winner. Collective, like the call it tunes; later calls of the size class cost one
+dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..runtime.env import getenv_fast
+from .state import fast_state
+
+__all__ = ["BUDGET_S", "CANDIDATES", "autotune_on", "tuned_algorithm", "tuned"]
+
+BUDGET_S = 0.02  # per candidate
+CANDIDATES = 3  # besides the library's call
+_KEY = b"HPCPAR_AUTOTUNE"
+_PROFILE = b"HPCPAR_PROFILE"
+
+
+def autotune_on() -> bool:
+    """Whether ``HPCPAR_AUTOTUNE`` asks for online tuning (read on every call)."""
+    value = getenv_fast("HPCPAR_AUTOTUNE", _KEY)
+    return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _measure(state: Any, name: str, run: Any) -> float:
+    """This rank's seconds per call of ``run``, candidate ``name`` (count agreed by all)."""
+    start = time.perf_counter()
+    run()  # warm up, and a first estimate
+    once = state.private.allreduce(time.perf_counter() - start, op=MPI.MAX)
+    calls = max(2, min(20, int(BUDGET_S / max(once, 1e-7))))
+    start = time.perf_counter()
+    for _ in range(calls):
+        run()
+    return (time.perf_counter() - start) / calls
+
+
+def tuned_algorithm(x: Any, op: Any, comm: Any) -> tuple[str, str]:
+    """The algorithm ``auto`` keeps for an allreduce like this one, timing it if new.
+
+    Returns:
+        (algorithm, reason); the reason lists the measured candidates.
+    """
+    state = fast_state(comm)
+    opkey = op.py2f() if isinstance(op, MPI.Op) else id(op)
+    quick = (x.nbytes.bit_length(), x.dtype.str, opkey, getenv_fast("", _PROFILE))
+    if state is not None and quick in state.tuned_quick:
+        return state.tuned_quick[quick]
+    from . import api
+    from .cost.counts import Layout
+    from .cost.explain import plan_for
+    from .cost.profile import active_profile
+    from .ops import resolve_op
+    from .select import ALGORITHMS, valid_for
+    from .state import state_for
+
+    state = state_for(comm)
+    rop = resolve_op(op, np.dtype(x.dtype))
+    profile = active_profile()
+    key = ("allreduce", int(x.nbytes).bit_length(), np.dtype(x.dtype).str, rop.commutative,
+           profile.name if profile else None)  # fmt: skip
+    if key in state.tuned:
+        state.tuned_quick[quick] = state.tuned[key]
+        return state.tuned[key]
+    plan = plan_for("allreduce", int(x.nbytes), Layout(tuple(state.node_of)), profile,
+                    itemsize=x.itemsize, commutative=rop.commutative,
+                    calibrated_only=False)  # fmt: skip
+    table = ALGORITHMS["allreduce"]
+    others = [p.algorithm for p in plan.ranking if p.algorithm != "mpi"
+              and valid_for(table[p.algorithm], rop, state) is None]  # fmt: skip
+    candidates = ["mpi", *others[:CANDIDATES]]
+    scratch = x.copy()
+    mine = [
+        _measure(state, name, lambda name=name: api.allreduce(x, op, out=scratch, comm=comm,
+                                                              algorithm=name, autotune=False))
+        for name in candidates
+    ]  # fmt: skip
+    times = np.empty(len(mine))
+    state.private.Allreduce(np.array(mine), times, op=MPI.MAX)
+    best = int(np.argmin(times))
+    measured = ", ".join(f"{n} {t * 1e6:.1f} us" for n, t in zip(candidates, times, strict=True))
+    state.tuned[key] = (candidates[best], f"auto: autotuned on first use ({measured})")
+    if not isinstance(op, MPI.Op):  # an object's id can be reused once it is gone
+        return state.tuned[key]
+    state.tuned_quick[quick] = state.tuned[key]
+    return state.tuned[key]
+
+
+def tuned(comm: Any = None) -> dict[tuple[Any, ...], tuple[str, str]]:
+    """What autotuning kept on ``comm`` so far: key -> (algorithm, reason)."""
+    from .state import state_for
+
+    return dict(state_for(comm).tuned)
