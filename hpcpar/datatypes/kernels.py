@@ -19,7 +19,7 @@ import numpy as np
 
 from .ir import Item, Strided, packed_size
 
-__all__ = ["Kernel", "flatten", "copy_kernels"]
+__all__ = ["Kernel", "flatten", "copy_kernels", "strided_copy"]
 
 _WORDS = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
 
@@ -91,15 +91,87 @@ def copy_kernels(
             user[:] = flat
         return
     for user, flat in _views(kernels, unpacked, packed, origin, keys):
-        src, dst = (user, flat) if pack else (flat, user)
-        if dst.nbytes >= PARALLEL_BYTES and dst.ndim > 1 and dst.shape[0] >= 2 and _threads() > 1:
-            _parallel_copy(dst, src)
+        if pack:
+            strided_copy(flat, user)
         else:
-            np.copyto(dst, src)
+            strided_copy(user, flat)
 
 
-PARALLEL_BYTES = 1 << 20  # copies this large are split across threads (numpy drops the GIL)
+def strided_copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``np.copyto(dst, src)`` for arrays of one shape, faster when they are large.
+
+    From ``COMPILED_BYTES`` a compiled loop (elements of 1, 2, 4 or 8 bytes, 2 to 4
+    dimensions; others go to numpy), from ``PARALLEL_BYTES`` split over the cores.
+    """
+    copy = np.copyto
+    while dst.ndim > 1 and dst.shape[-1] == 1:  # single words: numpy's 1-D strided loop
+        dst, src = dst[..., 0], src[..., 0]
+    if dst.nbytes >= COMPILED_BYTES and dst.dtype.itemsize in _WORDS:
+        loop = _compiled(dst)
+        if loop is not None:
+            word = _WORDS[dst.dtype.itemsize]
+            dst, src, copy = dst.view(word), src.view(word), loop
+    if dst.nbytes >= PARALLEL_BYTES and dst.ndim > 1 and dst.shape[0] >= 2 and _threads() > 1:
+        _parallel_copy(dst, src, copy)
+    else:
+        copy(dst, src)
+
+
+PARALLEL_BYTES = 1 << 20  # copies this large are split across threads (both copies drop the GIL)
+COMPILED_BYTES = 1 << 20  # strided copies this large run a compiled loop (numba)
 _pool: list[Any] = []
+_loops: dict[int, Any] = {}
+
+
+def _compiled(dst: np.ndarray) -> Any:
+    """A compiled strided copy for arrays of ``dst.ndim`` dimensions, or None.
+
+    numpy's copy pays a per-row cost that a compiled loop does not: on rows of a few
+    hundred words (the interior of a 3-D block, 16 MB) the loop runs about 1.4x faster
+    single threaded, and it scales over threads where numpy's does not. Below about
+    1 MiB numpy is faster (calling the loop costs microseconds, and numpy copies rows
+    that sit in cache with memcpy). Compiled once per dimension count and word type
+    (cached on disk by numba).
+    """
+    if not 2 <= dst.ndim <= 4:
+        return None
+    if dst.ndim not in _loops:
+        try:
+            _loops[dst.ndim] = _build(dst.ndim)
+        except ImportError:  # numba missing: numpy's copy is right, only slower
+            _loops[dst.ndim] = None
+    return _loops[dst.ndim]
+
+
+def _build(ndim: int) -> Any:
+    from numba import njit
+
+    if ndim == 2:
+
+        def loop2(dst: Any, src: Any) -> None:
+            for i in range(dst.shape[0]):
+                for j in range(dst.shape[1]):
+                    dst[i, j] = src[i, j]
+
+        return njit(nogil=True, cache=True)(loop2)
+    if ndim == 3:
+
+        def loop3(dst: Any, src: Any) -> None:
+            for i in range(dst.shape[0]):
+                for j in range(dst.shape[1]):
+                    for k in range(dst.shape[2]):
+                        dst[i, j, k] = src[i, j, k]
+
+        return njit(nogil=True, cache=True)(loop3)
+
+    def loop4(dst: Any, src: Any) -> None:
+        for i in range(dst.shape[0]):
+            for j in range(dst.shape[1]):
+                for k in range(dst.shape[2]):
+                    for m in range(dst.shape[3]):
+                        dst[i, j, k, m] = src[i, j, k, m]
+
+    return njit(nogil=True, cache=True)(loop4)
 
 
 def _threads() -> int:
@@ -108,14 +180,14 @@ def _threads() -> int:
     )
 
 
-def _parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
+def _parallel_copy(dst: np.ndarray, src: np.ndarray, copy: Any = np.copyto) -> None:
     """Copy in slices of the outermost dimension, one per core."""
     if not _pool:
         from concurrent.futures import ThreadPoolExecutor
 
         _pool.append(ThreadPoolExecutor(_threads(), thread_name_prefix="hpcpar-pack"))
     bounds = np.linspace(0, dst.shape[0], min(_threads(), dst.shape[0]) + 1).astype(int)
-    jobs = [_pool[0].submit(np.copyto, dst[a:b], src[a:b]) for a, b in itertools.pairwise(bounds)]
+    jobs = [_pool[0].submit(copy, dst[a:b], src[a:b]) for a, b in itertools.pairwise(bounds)]
     for job in jobs:
         job.result()
 

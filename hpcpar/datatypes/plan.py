@@ -17,7 +17,7 @@ from mpi4py import MPI
 from .decode import decode_layout
 from .errors import DatatypeError
 from .ir import Item, Repeat, Strided, canonical, packed_size, replicate, span
-from .kernels import copy_kernels, flatten
+from .kernels import copy_kernels, flatten, strided_copy
 
 __all__ = ["Plan", "plan"]
 
@@ -278,7 +278,7 @@ def _pack_view(p: Plan, src: np.ndarray, packed: np.ndarray) -> np.ndarray:
         raise DatatypeError(
             f"this plan is for arrays of shape {p.view_shape} and dtype {p.view_dtype}"
         )
-    np.copyto(packed.view(src.dtype).reshape(src.shape), src)
+    strided_copy(packed.view(src.dtype).reshape(src.shape), src)
     return packed
 
 
@@ -292,7 +292,7 @@ def _unpack_view(p: Plan, packed: np.ndarray, dst: np.ndarray) -> None:
     flat = packed[: p.size]
     if np.shares_memory(dst, flat):
         raise DatatypeError("dst and buf overlap; unpack into separate memory")
-    np.copyto(dst, flat.view(dst.dtype).reshape(dst.shape))
+    strided_copy(dst, flat.view(dst.dtype).reshape(dst.shape))
 
 
 def _view_items(arr: np.ndarray) -> tuple[Item, ...]:

@@ -220,6 +220,54 @@ def test_view_plans_pack_like_ascontiguousarray(slicer, dtype):
     assert np.array_equal(slicer(target), view)
 
 
+@pytest.mark.parametrize(
+    "slicer",
+    [
+        lambda a: a[1:-1, 1:-1, 1:-1],  # the interior of a block: rows at two strides
+        lambda a: a[:, ::2, :],
+        lambda a: a[::-1, :, 3:120:2],
+        lambda a: a[7, ::-1, 1:],  # two dimensions
+        lambda a: a.reshape(16, 8, 128, 128)[:, 1:, :, 2:],  # three strides and the words
+    ],
+)
+@pytest.mark.parametrize("dtype", ["u1", "i2", "f4", "f8", "c16"])
+def test_large_strided_views_run_the_compiled_loop_like_numpy(slicer, dtype, monkeypatch):
+    from hpcpar.datatypes import kernels
+
+    used = []
+    loop = kernels._compiled
+    monkeypatch.setattr(kernels, "_compiled", lambda dst: used.append(dst.ndim) or loop(dst))
+    base = (np.arange(128**3) % 251).astype(dtype).reshape(128, 128, 128)
+    view = slicer(base)
+    p = datatypes.plan(view)
+    packed = p.pack(view)  # 16 KiB to 32 MiB: numpy's copy, or the loop over the cores
+    assert packed.tobytes() == np.ascontiguousarray(view).tobytes()
+    target = np.zeros_like(base)
+    p.unpack(packed, slicer(target))
+    assert np.array_equal(slicer(target), view) and np.count_nonzero(target) <= view.size
+    # 16-byte elements of a view stay with numpy's copy (the loops move 1-8 byte words)
+    compiled = view.nbytes >= kernels.COMPILED_BYTES and base.itemsize <= 8
+    assert bool(used) == compiled and all(2 <= n <= 4 for n in used), used
+
+
+def test_large_mpi_vectors_pack_like_mpi_with_the_compiled_loop():
+    from hpcpar.datatypes import kernels
+
+    for block, stride in ((16, 32), (1, 3), (100, 101)):
+        t = MPI.DOUBLE.Create_vector(-(-(2**17) // block), block, stride).Commit()
+        src = np.random.default_rng(block).random(-(-(2**17) // block) * stride)
+        p = datatypes.plan(t)
+        assert p.size >= kernels.COMPILED_BYTES
+        packed = p.pack(src)
+        assert packed.tobytes() == mpi_pack(t, src.view(np.uint8), 0).tobytes()
+        back = np.zeros_like(src)
+        p.unpack(packed, back)
+        mask = np.zeros(src.size, bool)
+        mask.reshape(-1, stride)[:, :block] = True
+        assert np.array_equal(back[mask], src[mask]) and not back[~mask].any()
+        t.Free()
+
+
 def test_structured_dtypes_skip_padding():
     dt = np.dtype([("a", "i1"), ("b", "f8"), ("c", "i2", (3,))], align=True)
     p = datatypes.plan(dt)
