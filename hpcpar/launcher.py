@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .errors import LaunchError
 from .layout import node_assignment
@@ -197,6 +198,43 @@ def _kill_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
             continue
 
 
+_SHM = Path("/dev/shm")
+_SHM_PREFIX = "mpich_shm_"
+
+
+def _shm_segments() -> set[str]:
+    try:
+        return {n for n in os.listdir(_SHM) if n.startswith(_SHM_PREFIX)}
+    except OSError:
+        return set()
+
+
+def _remove_orphan_segments(before: set[str]) -> list[str]:
+    """Unlink the MPICH shared-memory files the job made and left behind.
+
+    An aborted or killed job never unlinks them; these are the ones new since it
+    started that no live process maps.
+    """
+    new = _shm_segments() - before
+    if not new:
+        return []
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # gone, or not ours to read: keep every file it might map
+            continue
+        mapped.update(n for n in new if n in text)
+    removed = []
+    for name in sorted(new - mapped):
+        try:
+            (_SHM / name).unlink()
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
 def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
     """Run a planned job and return its exit status.
 
@@ -204,6 +242,7 @@ def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
     launcher gets SIGINT/SIGTERM, the whole group is killed. A time-out returns 124.
     """
     env = {**os.environ, **plan.env}
+    shm_before = _shm_segments()
     proc = subprocess.Popen(plan.argv, env=env, start_new_session=True)
     stopped: list[int] = []
 
@@ -229,3 +268,4 @@ def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
             signal.signal(s, handler)
         if proc.poll() is None:
             _kill_group(proc)
+        _remove_orphan_segments(shm_before)

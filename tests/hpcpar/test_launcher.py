@@ -120,3 +120,33 @@ def test_find_mpi_matches_the_loaded_library():
 )
 def test_vendor_of(text, vendor):
     assert vendor_of(text) == vendor
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/dev/shm"), reason="needs /dev/shm")
+@pytest.mark.timeout(120)
+def test_a_killed_job_leaves_no_mpich_shared_memory(tmp_path):
+    """MPICH never unlinks its segments when a rank dies; the launcher removes them."""
+    import os
+    import subprocess
+
+    if find_mpi().vendor != "mpich":
+        pytest.skip("the leak and its clean-up are MPICH's")
+    script = tmp_path / "die.py"
+    script.write_text(
+        "import os, signal\n"
+        "import numpy as np\n"
+        "from mpi4py import MPI\n"
+        "c = MPI.COMM_WORLD\n"
+        "x = np.ones(4)\n"
+        "c.Allreduce(MPI.IN_PLACE, x)  # the node's shared memory is in use now\n"
+        "if c.rank == 0:\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "c.Barrier()\n"
+    )
+    mine = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "HPCPAR_"))}
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")}
+    run = subprocess.run([sys.executable, "-m", "hpcpar", "launch", "-n", "2", "--", "python",
+                          str(script)], env=mine, capture_output=True, timeout=100)  # fmt: skip
+    assert run.returncode != 0
+    left = {n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")} - before
+    assert not left, left
