@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from hpcpar.datatypes.kernels import copy_array
+
 from .faults import Fault, disarm, parse_fault
 from .gpu import device_to_host, is_device_array, pinned_empty
 from .levels import Hdf5Level, Job, Level, LocalLevel, PartnerLevel, XorLevel
@@ -87,7 +89,7 @@ class _Buffers:
                 if device:
                     device_to_host(value, buf)
                 else:
-                    np.copyto(buf, value)
+                    copy_array(buf, value)  # the caller waits: every core copies
                 out[name] = buf
                 if fault is not None and name == halfway:
                     fault.point("snapshot", step, rank)

@@ -386,3 +386,20 @@ def test_gpu_packers_match_the_cpu_packer():
         p.unpack(want, mine, count=2)
         assert cupy.asnumpy(back).tobytes() == mine.tobytes()
         dt.Free()
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        np.arange(3 * 2**18 + 5, dtype=np.int16),  # 1.5 MiB, not a multiple of the threads
+        np.random.default_rng(1).random((512, 300)),  # 1.2 MiB, 2-D
+        np.arange(2**21, dtype=np.float64).reshape(1024, 2048)[:, ::2],  # not contiguous
+        np.arange(100, dtype=np.uint8),  # small: numpy's copy
+    ],
+)
+def test_copy_array_copies_exactly(src):
+    from hpcpar.datatypes.kernels import copy_array
+
+    dst = np.zeros_like(src)
+    copy_array(dst, src)
+    assert np.array_equal(dst, src) and dst.tobytes() == np.ascontiguousarray(src).tobytes()
