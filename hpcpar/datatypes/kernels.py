@@ -10,6 +10,7 @@ byte they reach lies inside the buffer: a plan can never touch memory outside it
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from dataclasses import dataclass
@@ -19,7 +20,15 @@ import numpy as np
 
 from .ir import Item, Strided, packed_size
 
-__all__ = ["Kernel", "flatten", "copy_kernels", "strided_copy", "copy_array"]
+__all__ = [
+    "Kernel",
+    "flatten",
+    "copy_kernels",
+    "copy_op",
+    "run_copies",
+    "strided_copy",
+    "copy_array",
+]
 
 _WORDS = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
 
@@ -76,34 +85,46 @@ def copy_kernels(
     origin: int,
     pack: bool,
     keys: tuple[Any, Any] | None = None,
-) -> None:
+) -> list[tuple[Any, np.ndarray, np.ndarray]]:
     """Run the kernels between ``unpacked`` (origin at byte ``origin``) and ``packed``.
 
     Both are 1-D uint8 arrays; ``pack`` copies into ``packed``, otherwise out of it.
+
+    Returns:
+        The copies it made as ``(copy, dst, src)``: ``run_copies`` repeats them (the
+        caller keeps the buffers alive while it holds them).
     """
     if len(kernels) == 1 and not kernels[0].dims:  # one contiguous block: a plain slice copy
         k = kernels[0]
         user = unpacked[origin + k.src : origin + k.src + k.size]
         flat = packed[k.dst : k.dst + k.size]
-        if pack:
-            flat[:] = user
-        else:
-            user[:] = flat
-        return
-    for user, flat in _views(kernels, unpacked, packed, origin, keys):
-        if pack:
-            strided_copy(flat, user)
-        else:
-            strided_copy(user, flat)
+        ops = [(np.copyto, flat, user) if pack else (np.copyto, user, flat)]
+    else:
+        ops = [copy_op(flat, user) if pack else copy_op(user, flat)
+               for user, flat in _views(kernels, unpacked, packed, origin, keys)]  # fmt: skip
+    run_copies(ops)
+    return ops
+
+
+def run_copies(ops: list[tuple[Any, np.ndarray, np.ndarray]]) -> None:
+    """Run copies that ``copy_kernels`` or ``copy_op`` prepared."""
+    for copy, dst, src in ops:
+        copy(dst, src)
 
 
 def strided_copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """``np.copyto(dst, src)`` for arrays of one shape, faster when they are large.
+    """``np.copyto(dst, src)`` for arrays of one shape, faster when they are large."""
+    copy, d, s = copy_op(dst, src)
+    copy(d, s)
+
+
+def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray]:
+    """How to copy ``src`` into ``dst`` (same shape): ``(copy, dst', src')``.
 
     From ``COMPILED_BYTES`` a compiled loop (elements of 1, 2, 4 or 8 bytes, 2 to 4
     dimensions; others go to numpy), from ``PARALLEL_BYTES`` split over the cores.
     """
-    copy = np.copyto
+    copy: Any = np.copyto
     while dst.ndim > 1 and dst.shape[-1] == 1:  # single words: numpy's 1-D strided loop
         dst, src = dst[..., 0], src[..., 0]
     if dst.nbytes >= COMPILED_BYTES and dst.dtype.itemsize in _WORDS:
@@ -112,9 +133,8 @@ def strided_copy(dst: np.ndarray, src: np.ndarray) -> None:
             word = _WORDS[dst.dtype.itemsize]
             dst, src, copy = dst.view(word), src.view(word), loop
     if dst.nbytes >= PARALLEL_BYTES and dst.ndim > 1 and dst.shape[0] >= 2 and _threads() > 1:
-        _parallel_copy(dst, src, copy)
-    else:
-        copy(dst, src)
+        return functools.partial(_parallel_copy, copy=copy), dst, src
+    return copy, dst, src
 
 
 PARALLEL_BYTES = 1 << 20  # copies this large are split across threads (both copies drop the GIL)

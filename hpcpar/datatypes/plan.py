@@ -17,7 +17,7 @@ from mpi4py import MPI
 from .decode import decode_layout
 from .errors import DatatypeError
 from .ir import Item, Repeat, Strided, canonical, packed_size, replicate, span
-from .kernels import copy_kernels, flatten, strided_copy
+from .kernels import copy_kernels, flatten, run_copies, strided_copy
 
 __all__ = ["Plan", "plan"]
 
@@ -98,8 +98,8 @@ class Plan:
         """
         last = self._memo.get("last pack")
         if last is not None and last[0] is src and last[1] is out and last[2] == (count, origin):
-            # the same buffers as the previous call: every check and view still holds
-            copy_kernels(self._kernels(count), last[3], last[4], origin, pack=True, keys=(src, out))
+            # the same buffers as the previous call: every check and copy still holds
+            run_copies(last[3])
             return last[4]
         self._check(count)
         need = self.size * count
@@ -113,9 +113,9 @@ class Plan:
             return _pack_view(self, src, packed)
         area = _bytes_of(src, "src", writable=False)
         self._bounds(area, origin, count, "src")
-        copy_kernels(self._kernels(count), area, packed, origin, pack=True, keys=(src, out))
+        ops = copy_kernels(self._kernels(count), area, packed, origin, pack=True, keys=(src, out))
         if out is not None:  # remember the buffers: a loop packing them again skips the checks
-            self._memo["last pack"] = (src, out, (count, origin), area, packed)
+            self._memo["last pack"] = (src, out, (count, origin), ops, packed)
         return packed
 
     def unpack(self, buf: Any, dst: Any, *, count: int = 1, origin: int = 0) -> Any:
@@ -127,10 +127,8 @@ class Plan:
         """
         last = self._memo.get("last unpack")
         if last is not None and last[0] is buf and last[1] is dst and last[2] == (count, origin):
-            # the same buffers as the previous call: every check and view still holds
-            copy_kernels(
-                self._kernels(count), last[3], last[4], origin, pack=False, keys=(dst, buf)
-            )
+            # the same buffers as the previous call: every check and copy still holds
+            run_copies(last[3])
             return dst
         self._check(count)
         need = self.size * count
@@ -151,8 +149,9 @@ class Plan:
         if np.shares_memory(area, packed):
             raise DatatypeError("dst and buf overlap; unpack into separate memory")
         self._bounds(area, origin, count, "dst")
-        copy_kernels(self._kernels(count), area, packed[:need], origin, pack=False, keys=(dst, buf))
-        self._memo["last unpack"] = (buf, dst, (count, origin), area, packed[:need])
+        ops = copy_kernels(self._kernels(count), area, packed[:need], origin, pack=False,
+                           keys=(dst, buf))  # fmt: skip
+        self._memo["last unpack"] = (buf, dst, (count, origin), ops)
         return dst
 
     def _bounds(self, area: np.ndarray, origin: int, count: int, name: str) -> None:
