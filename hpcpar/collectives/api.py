@@ -50,12 +50,17 @@ __all__ = [
     "last_stats",
 ]
 
-_last: list[CollectiveStats | None] = [None]
+_last: list[Any] = [None]  # CollectiveStats, or the fast path's (collective, bytes)
 
 
 def last_stats() -> CollectiveStats | None:
     """Counters of the collective this rank completed last (messages and bytes per level)."""
-    return _last[0]
+    last = _last[0]
+    if type(last) is tuple:  # the library's call, made by the fast path: made up on demand
+        stats = CollectiveStats(last[0], "mpi", last[1])
+        stats.inside_mpi = True
+        _last[0] = last = stats
+    return last
 
 
 @dataclass
@@ -146,6 +151,7 @@ def _on_device(x: Any, out: Any, deliver: Callable[[], Any]) -> Callable[[], Any
 
 
 _AUTO_ENV = (b"HPCPAR_ALGORITHM_ALLREDUCE", b"HPCPAR_RULES", b"HPCPAR_PROFILE")
+_native_ops: dict[tuple[int, Any], tuple[Any, Any]] = {}  # (id(op), dtype) -> (op, MPI op)
 
 
 def _fast_allreduce(x: Any, op: Any, out: Any, comm: Any, algorithm: str) -> Any:
@@ -173,8 +179,12 @@ def _fast_allreduce(x: Any, op: Any, out: Any, comm: Any, algorithm: str) -> Any
             return None
     elif algorithm != "mpi":
         return None
-    rop = resolve_op(op, x.dtype)
-    if not mpi_library.is_native(rop, x.dtype) or not x.flags.c_contiguous:
+    native = _native_ops.get((id(op), x.dtype))
+    if native is None or native[0] is not op:  # the entry holds op: its id is not reused
+        rop = resolve_op(op, x.dtype)
+        native = (op, rop.mpi_op if mpi_library.is_native(rop, x.dtype) else None)
+        _native_ops[(id(op), x.dtype)] = native
+    if native[1] is None or not x.flags.c_contiguous:
         return None
     if out is None:
         out = np.empty_like(x)
@@ -183,12 +193,10 @@ def _fast_allreduce(x: Any, op: Any, out: Any, comm: Any, algorithm: str) -> Any
         return None
     state.next_tag()
     if out is x:
-        state.private.Allreduce(MPI.IN_PLACE, out, rop.mpi_op)
+        state.private.Allreduce(MPI.IN_PLACE, out, native[1])
     else:
-        state.private.Allreduce(x, out, rop.mpi_op)
-    stats = CollectiveStats("allreduce", "mpi", x.nbytes)
-    stats.inside_mpi = True
-    _last[0] = stats
+        state.private.Allreduce(x, out, native[1])
+    _last[0] = ("allreduce", x.nbytes)
     return out
 
 
