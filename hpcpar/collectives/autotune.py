@@ -6,11 +6,12 @@ algorithms it predicts within a few per cent of each other can measure far apart
 allreduce of each size class (bytes rounded down to a power of two), element type and
 op kind on a communicator runs the MPI library's call and the model's three best other
 candidates on the call's own data into a scratch buffer (the caller's arrays are not
-touched), each as many times as fit about ``BUDGET_S`` (2 to 20 calls, the count agreed
-by all ranks), takes each candidate's slowest-rank time per call, and keeps the fastest
-for the rest of the run. One allreduce of the timings makes every rank keep the same
-winner. Collective, like the call it tunes; later calls of the size class cost one
-dictionary lookup.
+touched), in three loops of as many calls as fit about ``BUDGET_S`` (1 to 10 calls
+each, the count agreed by all ranks; the fastest loop counts, so a moment when the
+machine was busy does not decide), takes each candidate's slowest-rank time per call
+(each rank's best loop), and keeps the fastest for the rest of the run. One allreduce
+of the timings makes every rank keep the same winner. Collective, like the call it
+tunes; later calls of the size class cost one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from mpi4py import MPI
 from ..runtime.env import getenv_fast
 from .state import fast_state
 
-__all__ = ["BUDGET_S", "CANDIDATES", "autotune_on", "tuned_algorithm", "tuned"]
+__all__ = ["BUDGET_S", "CANDIDATES", "ROUNDS", "autotune_on", "tuned_algorithm", "tuned"]
 
-BUDGET_S = 0.02  # per candidate
+BUDGET_S = 0.03  # per candidate
+ROUNDS = 3  # loops of calls per candidate; the fastest loop counts
 CANDIDATES = 3  # besides the library's call
 _KEY = b"HPCPAR_AUTOTUNE"
 _PROFILE = b"HPCPAR_PROFILE"
@@ -39,15 +41,22 @@ def autotune_on() -> bool:
 
 
 def _measure(state: Any, name: str, run: Any) -> float:
-    """This rank's seconds per call of ``run``, candidate ``name`` (count agreed by all)."""
+    """This rank's seconds per call of ``run``, candidate ``name`` (count agreed by all).
+
+    The best of ``ROUNDS`` loops of calls, each about ``BUDGET_S / ROUNDS``: a loop that
+    a busy machine slowed down does not decide.
+    """
     start = time.perf_counter()
     run()  # warm up, and a first estimate
     once = state.private.allreduce(time.perf_counter() - start, op=MPI.MAX)
-    calls = max(2, min(20, int(BUDGET_S / max(once, 1e-7))))
-    start = time.perf_counter()
-    for _ in range(calls):
-        run()
-    return (time.perf_counter() - start) / calls
+    calls = max(1, min(10, int(BUDGET_S / ROUNDS / max(once, 1e-7))))
+    best = float("inf")
+    for _ in range(ROUNDS):
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
 
 
 def tuned_algorithm(x: Any, op: Any, comm: Any) -> tuple[str, str]:
