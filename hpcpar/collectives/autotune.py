@@ -8,8 +8,8 @@ op kind on a communicator runs the MPI library's call and the model's three best
 candidates on the call's own data into a scratch buffer (the caller's arrays are not
 touched), in three loops of as many calls as fit about ``BUDGET_S`` (1 to 10 calls
 each, the count agreed by all ranks; the fastest loop counts, so a moment when the
-machine was busy does not decide), takes each candidate's slowest-rank time per call
-(each rank's best loop), and keeps the fastest for the rest of the run. One allreduce
+machine was busy does not decide; each loop starts on all ranks together and is timed
+on its slowest rank), and keeps the fastest for the rest of the run. One allreduce
 of the timings makes every rank keep the same winner. Collective, like the call it
 tunes; later calls of the size class cost one dictionary lookup.
 """
@@ -41,10 +41,12 @@ def autotune_on() -> bool:
 
 
 def _measure(state: Any, name: str, run: Any) -> float:
-    """This rank's seconds per call of ``run``, candidate ``name`` (count agreed by all).
+    """Seconds per call of ``run``, candidate ``name``, on the slowest rank (collective).
 
-    The best of ``ROUNDS`` loops of calls, each about ``BUDGET_S / ROUNDS``: a loop that
-    a busy machine slowed down does not decide.
+    The best of ``ROUNDS`` loops of calls, each about ``BUDGET_S / ROUNDS``, each started
+    together (a barrier) and timed on its slowest rank: a loop that a busy machine slowed
+    down does not decide, and ranks that run ahead of the others in a loop of calls (an
+    algorithm that does not synchronise them all) do not hide the time the slowest took.
     """
     start = time.perf_counter()
     run()  # warm up, and a first estimate
@@ -52,10 +54,12 @@ def _measure(state: Any, name: str, run: Any) -> float:
     calls = max(1, min(10, int(BUDGET_S / ROUNDS / max(once, 1e-7))))
     best = float("inf")
     for _ in range(ROUNDS):
+        state.private.Barrier()
         start = time.perf_counter()
         for _ in range(calls):
             run()
-        best = min(best, (time.perf_counter() - start) / calls)
+        took = state.private.allreduce((time.perf_counter() - start) / calls, op=MPI.MAX)
+        best = min(best, took)
     return best
 
 
