@@ -194,10 +194,30 @@ def _build(ndim: int) -> Any:
     return njit(nogil=True, cache=True)(loop4)
 
 
+_LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE")
+_thread_count: list[int] = []
+
+
 def _threads() -> int:
-    return min(
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8
-    )
+    """Threads for one large copy: this rank's share of the node's cores (1 to 8).
+
+    ``HPCPAR_COPY_THREADS`` sets it; otherwise the cores this process may run on,
+    divided by the ranks the launcher says share its node (Hydra's ``MPI_LOCALNRANKS``,
+    Open MPI's ``OMPI_COMM_WORLD_LOCAL_SIZE``), so ranks that share cores do not each
+    start a thread per core. Read once.
+    """
+    if not _thread_count:
+        wanted = os.environ.get("HPCPAR_COPY_THREADS", "")
+        if wanted.isdigit() and int(wanted) >= 1:
+            count = int(wanted)
+        else:
+            cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                     else os.cpu_count() or 1)  # fmt: skip
+            local = next((int(v) for v in map(os.environ.get, _LOCAL_RANKS)
+                          if v and v.isdigit() and int(v) >= 1), 1)  # fmt: skip
+            count = max(1, cores // local)
+        _thread_count.append(min(count, 8))
+    return _thread_count[0]
 
 
 def copy_array(dst: np.ndarray, src: np.ndarray) -> None:

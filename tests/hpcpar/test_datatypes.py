@@ -425,3 +425,24 @@ def test_repeated_packs_of_the_same_buffers_see_new_data(layout):
         step = 1 if layout == "contiguous" else 2
         assert np.array_equal(back[::step], src[::step])
     t.Free()
+
+
+def test_copy_threads_are_this_ranks_share_of_the_cores(monkeypatch):
+    import os
+
+    from hpcpar.datatypes import kernels
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    for env, want in (
+        ({"MPI_LOCALNRANKS": "1"}, min(cores, 8)),
+        ({"MPI_LOCALNRANKS": str(2 * cores)}, 1),  # oversubscribed: one thread each
+        ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, min(cores, 8)),
+        ({"HPCPAR_COPY_THREADS": "3", "MPI_LOCALNRANKS": "64"}, 3),
+        ({"HPCPAR_COPY_THREADS": "many"}, min(cores, 8)),  # not a count: ignored
+    ):
+        for name in (*kernels._LOCAL_RANKS, "HPCPAR_COPY_THREADS"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(kernels, "_thread_count", [])
+        assert kernels._threads() == want, env
