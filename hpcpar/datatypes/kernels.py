@@ -122,12 +122,18 @@ def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarr
     """How to copy ``src`` into ``dst`` (same shape): ``(copy, dst', src')``.
 
     From ``COMPILED_BYTES`` a compiled loop (elements of 1, 2, 4 or 8 bytes, 2 to 4
-    dimensions; others go to numpy), from ``PARALLEL_BYTES`` split over the cores.
+    dimensions, rows of at most ``LOOP_ROW_BYTES``: numpy copies longer rows with
+    memcpy, faster than the loop; others go to numpy), from ``PARALLEL_BYTES`` split
+    over the cores.
     """
     copy: Any = np.copyto
     while dst.ndim > 1 and dst.shape[-1] == 1:  # single words: numpy's 1-D strided loop
         dst, src = dst[..., 0], src[..., 0]
-    if dst.nbytes >= COMPILED_BYTES and dst.dtype.itemsize in _WORDS:
+    if (
+        dst.nbytes >= COMPILED_BYTES
+        and dst.dtype.itemsize in _WORDS
+        and dst.shape[-1] * dst.dtype.itemsize <= LOOP_ROW_BYTES
+    ):
         loop = _compiled(dst)
         if loop is not None:
             word = _WORDS[dst.dtype.itemsize]
@@ -138,7 +144,8 @@ def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarr
 
 
 PARALLEL_BYTES = 1 << 20  # copies this large are split across threads (both copies drop the GIL)
-COMPILED_BYTES = 1 << 20  # strided copies this large run a compiled loop (numba)
+COMPILED_BYTES = 1 << 20  # strided copies this large run a compiled loop (numba) ...
+LOOP_ROW_BYTES = 1 << 14  # ... when their rows are this short (longer rows: memcpy wins)
 _pool: list[Any] = []
 _loops: dict[int, Any] = {}
 

@@ -228,6 +228,7 @@ def test_view_plans_pack_like_ascontiguousarray(slicer, dtype):
         lambda a: a[::-1, :, 3:120:2],
         lambda a: a[7, ::-1, 1:],  # two dimensions
         lambda a: a.reshape(16, 8, 128, 128)[:, 1:, :, 2:],  # three strides and the words
+        lambda a: a.reshape(64, 32768)[::2],  # rows of 32-512 KiB: numpy's memcpy
     ],
 )
 @pytest.mark.parametrize("dtype", ["u1", "i2", "f4", "f8", "c16"])
@@ -246,8 +247,10 @@ def test_large_strided_views_run_the_compiled_loop_like_numpy(slicer, dtype, mon
     p.unpack(packed, slicer(target))
     assert np.array_equal(slicer(target), view) and np.count_nonzero(target) <= view.size
     # 16-byte elements of a view stay with numpy's copy (the loops move 1-8 byte words)
+    row = view.shape[-1] * view.itemsize
     compiled = view.nbytes >= kernels.COMPILED_BYTES and base.itemsize <= 8
-    assert bool(used) == compiled and all(2 <= n <= 4 for n in used), used
+    compiled = compiled and row <= kernels.LOOP_ROW_BYTES
+    assert bool(used) == compiled and all(2 <= n <= 4 for n in used), (used, row)
 
 
 def test_large_mpi_vectors_pack_like_mpi_with_the_compiled_loop():
