@@ -23,10 +23,10 @@ job per point (``[slurm] partition, time, ppn, launcher, sbatch_args, wait``; al
 submitted at once, then collected). A point whose status file says ``ok`` is skipped on
 a rerun (an interrupted sweep resumes; Slurm jobs still queued are collected, not
 submitted again); a point that fails is recorded (exit status, log) and the sweep goes
-on. All points' results (the ``results``
-of each ``{out}.json``, with the point's parameters) are gathered into
-``RESULTS/results.json`` and ``.csv`` (with each point's job wall time and, for points
-that differ only in ranks, its speedup over the fewest ranks). ``report`` writes
+on. All points' results (the ``results`` of each ``{out}.json``, with the point's
+parameters) are gathered into ``RESULTS/results.json`` and ``.csv`` (with each point's
+job wall time and, for points that differ only in ranks, its speedup over the fewest
+ranks). ``report`` writes
 ``summary.md`` and PNG plots: time vs size (benchmark sweeps), TEPS per partition
 (Graph500 sweeps), speedup vs ranks.
 """
