@@ -64,6 +64,7 @@ __all__ = [
     "ialltoall",
     "ialltoallv",
     "ibarrier",
+    "allreduce_init",
     "explain",
     "send",
     "recv",
@@ -96,7 +97,7 @@ _LAZY = {
         (
             "allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall", "alltoallv",
             "barrier", "iallreduce", "ireduce", "ibcast", "iallgather", "ireduce_scatter",
-            "ialltoall", "ialltoallv", "ibarrier",
+            "ialltoall", "ialltoallv", "ibarrier", "allreduce_init",
         ),
         "hpcpar.collectives",
     ),

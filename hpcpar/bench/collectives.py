@@ -4,7 +4,9 @@ Peers in the same run: the MPI library's own collective called directly on the s
 communicator (``mpi-direct``, the baseline every ratio is taken against; ``mpi`` is the
 same call through hpcpar, so the two differ by hpcpar's Python overhead; ``auto`` is
 the cost model's choice and, for allreduce, ``autotune`` the same after timing the
-model's best candidates on its first call) and, where
+model's best candidates on its first call, ``auto-persistent`` auto chosen once by
+``hpcpar.allreduce_init`` and ``mpi-persistent`` the library's ``MPI_Allreduce_init``
+started and waited) and, where
 PyTorch is installed, ``torch.distributed`` with the gloo backend (the CPU peer a Python
 user would pick; ``--no-gloo`` leaves it out).
 """
@@ -57,11 +59,7 @@ def _hpcpar_case(comm: Any, h: Any, collective: str, algorithm: str) -> Callable
         if collective == "allreduce":
             out = np.empty_like(x)
             want = p * base + p * (p - 1) / 2
-            tune = algorithm == "autotune"  # auto, timing its candidates on the first call
-            name = "auto" if tune else algorithm
-            return (lambda: hpcpar.allreduce(x, out=out, comm=h, algorithm=name, autotune=tune)), (
-                lambda: np.array_equal(out, want)
-            )
+            return _allreduce_run(h, algorithm, x, out), (lambda: np.array_equal(out, want))
         if collective == "reduce":
             out = np.empty_like(x)
             want = p * base + p * (p - 1) / 2
@@ -98,6 +96,42 @@ def _hpcpar_case(comm: Any, h: Any, collective: str, algorithm: str) -> Callable
         return (lambda: hpcpar.alltoall(send, out=out, comm=h, algorithm=algorithm)), (
             lambda: np.array_equal(out, want)
         )
+
+    return make
+
+
+_KEEP: list[Any] = []  # persistent requests of the run: alive until MPI finalizes
+
+
+def _allreduce_run(h: Any, algorithm: str, x: np.ndarray, out: np.ndarray) -> Callable[[], Any]:
+    import hpcpar
+
+    if algorithm == "auto-persistent":  # auto chosen once, bound to the buffers
+        call = hpcpar.allreduce_init(x, out=out, comm=h)
+        _KEEP.append(call)
+        return call
+    tune = algorithm == "autotune"  # auto, timing its candidates on the first call
+    name = "auto" if tune else algorithm
+    return lambda: hpcpar.allreduce(x, out=out, comm=h, algorithm=name, autotune=tune)
+
+
+def _persistent_direct_case(comm: Any, h: Any) -> Callable[[int], Any]:
+    """The library's persistent allreduce (``MPI_Allreduce_init``), started and waited."""
+    from mpi4py import MPI
+
+    p, r = comm.Get_size(), comm.Get_rank()
+
+    def make(nbytes: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        base = np.arange(nbytes // 8, dtype=np.float64) % 251
+        x, out = base + r, np.empty(nbytes // 8)
+        request = h.comm.Allreduce_init(x, out, MPI.SUM)
+        _KEEP.append((request, x, out))
+
+        def run() -> None:
+            request.Start()
+            request.Wait()
+
+        return run, (lambda: np.array_equal(out, p * base + p * (p - 1) / 2))
 
     return make
 
@@ -198,7 +232,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     from ..errors import UsageError
 
     h = hpcpar.Hierarchy(comm, layout=args.layout)
-    tune = ["autotune"] if args.collective == "allreduce" else []
+    tune = ["auto-persistent", "autotune"] if args.collective == "allreduce" else []
     names = ["mpi", "auto", *tune, *[a for a in algorithms_for(args.collective) if a != "mpi"]]
     if args.algorithms:
         wanted = [a.strip() for a in args.algorithms.split(",") if a.strip()]
@@ -209,6 +243,8 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
             )
         names = ["mpi", *[a for a in wanted if a != "mpi"]]
     variants = [Variant("mpi-direct", _direct_case(comm, h, args.collective))]
+    if args.collective == "allreduce":
+        variants.append(Variant("mpi-persistent", _persistent_direct_case(comm, h)))
     variants += [Variant(name, _hpcpar_case(comm, h, args.collective, name)) for name in names]
     gloo = None if args.no_gloo else _gloo_case(comm, args.collective)
     if gloo is not None:
@@ -234,7 +270,8 @@ def _predictor(args: argparse.Namespace, h: Any) -> Callable[[str, int], float |
         if variant in ("torch-gloo", "autotune"):
             return None
         plan = plan_for(args.collective, nbytes, layout, profile)
-        wanted = {"mpi-direct": "mpi", "auto": plan.algorithm}.get(variant, variant)
+        wanted = {"mpi-direct": "mpi", "mpi-persistent": "mpi", "auto": plan.algorithm,
+                  "auto-persistent": plan.algorithm}.get(variant, variant)  # fmt: skip
         found = next((p for p in plan.ranking if p.algorithm == wanted), None)
         return None if found is None else found.seconds * 1e6
 

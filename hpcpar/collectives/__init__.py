@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .api import (
         allgather,
         allreduce,
+        allreduce_init,
         alltoall,
         alltoallv,
         barrier,
@@ -57,6 +58,7 @@ __all__ = [
     "ialltoall",
     "ialltoallv",
     "ibarrier",
+    "allreduce_init",
     "last_stats",
     "explain",
     "algorithms_for",
@@ -71,7 +73,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    **dict.fromkeys(__all__[:17], ".api"),
+    **dict.fromkeys(__all__[:18], ".api"),
+    "PersistentAllreduce": ".api",
     "explain": ".cost.explain",
     "ALGORITHMS": ".algorithms",
     "CollectiveStats": ".channel",

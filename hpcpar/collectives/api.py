@@ -40,6 +40,8 @@ __all__ = [
     "alltoallv",
     "barrier",
     "iallreduce",
+    "allreduce_init",
+    "PersistentAllreduce",
     "ireduce",
     "ibcast",
     "iallgather",
@@ -239,6 +241,107 @@ def allreduce(
         if result is not None:
             return result
     return _complete(_prepare_allreduce, x, op, out, comm, algorithm, reproducible)
+
+
+class PersistentAllreduce:
+    """An allreduce bound to its buffers and its algorithm (``allreduce_init``).
+
+    ``start()`` then ``wait()`` (or ``call()``, both) as often as wanted; ``x`` may be
+    changed between calls, never between ``start()`` and ``wait()``. ``free()`` (or a
+    ``with`` block) releases it. ``algorithm`` and ``reason`` say what was chosen.
+    """
+
+    def __init__(self, x: Any, op: Any, out: Any, comm: Any, algorithm: str) -> None:
+        state = state_for(comm)
+        data = host_array(x)
+        rop = resolve_op(op, data.dtype)
+        if out is None:
+            out = np.empty_like(x)
+        else:
+            check_out(out, tuple(data.shape), data.dtype)
+        chosen, self.reason = choose("allreduce", algorithm, rop, state, data.nbytes,
+                                     data.itemsize)  # fmt: skip
+        self.algorithm = chosen.name
+        self.x, self.out, self._op, self._comm, self._state = x, out, op, comm, state
+        self._running: Any = None
+        self._freed = False
+        self._request = None
+        library = (
+            chosen.name == "mpi"
+            and type(x) is np.ndarray
+            and type(out) is np.ndarray
+            and x.flags.c_contiguous
+            and out.flags.c_contiguous
+            and mpi_library.is_native(rop, data.dtype)
+        )
+        if library:  # the library's persistent collective: Start and Wait, nothing else
+            send = MPI.IN_PLACE if out is x else x
+            self._request = state.private.Allreduce_init(send, out, rop.mpi_op)
+
+    def start(self) -> None:
+        """Begin one allreduce of ``x`` into ``out`` (collective)."""
+        if self._freed:
+            raise CollectiveError("persistent allreduce: used after free()")
+        if self._running is not None:
+            raise CollectiveError("persistent allreduce: start() again before wait()")
+        if self._request is not None:
+            self._state.next_tag()  # the same tag sequence as a plain call
+            self._request.Start()
+            self._running = True
+        else:
+            self._running = iallreduce(self.x, self._op, out=self.out, comm=self._comm,
+                                       algorithm=self.algorithm)  # fmt: skip
+
+    def wait(self) -> Any:
+        """Finish the allreduce ``start()`` began; returns ``out``."""
+        if self._running is None:
+            raise CollectiveError("persistent allreduce: wait() without start()")
+        running, self._running = self._running, None
+        if self._request is not None:
+            self._request.Wait()
+            _last[0] = ("allreduce", self.out.nbytes)
+            return self.out
+        return running.wait()
+
+    def __call__(self) -> Any:
+        """``start()`` and ``wait()``: one blocking allreduce; returns ``out``."""
+        if self._request is not None and self._running is None and not self._freed:
+            self._state.next_tag()
+            self._request.Start()
+            self._request.Wait()
+            _last[0] = ("allreduce", self.out.nbytes)
+            return self.out
+        self.start()
+        return self.wait()
+
+    def free(self) -> None:
+        """Release the persistent request (after its last ``wait()``)."""
+        if self._running is not None:
+            raise CollectiveError("persistent allreduce: free() before wait()")
+        if self._request is not None and not self._freed:
+            self._request.Free()
+        self._freed = True
+
+    def __enter__(self) -> PersistentAllreduce:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._running is not None:
+            self.wait()
+        self.free()
+
+
+def allreduce_init(
+    x: Any, op: Any = MPI.SUM, *, out: Any = None, comm: Any = None, algorithm: str = "auto"
+) -> PersistentAllreduce:
+    """A persistent allreduce of ``x`` into ``out``: the algorithm is chosen once (collective).
+
+    For loops that reduce the same buffers again and again (an iterative solver's dot
+    products): where ``auto`` picks the MPI library's call, each call is the library's
+    persistent ``MPI_Allreduce_init`` request started and waited, with no per-call
+    selection; any other algorithm runs as ``iallreduce`` of the bound buffers.
+    """
+    return PersistentAllreduce(x, op, out, comm, algorithm)
 
 
 def iallreduce(

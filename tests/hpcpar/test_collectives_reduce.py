@@ -171,3 +171,36 @@ def test_library_allreduce_takes_the_fast_path_under_a_layout(comm, monkeypatch)
     got = hpcpar.allreduce(x)
     assert_all(np.array_equal(got, want) and last_stats().algorithm == "ring",
                "auto follows HPCPAR_ALGORITHM_ALLREDUCE at once", comm)  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("algorithm", ["auto", "mpi", "ring", "two_level"])
+def test_persistent_allreduce_repeats_against_numpy(comm, layout, algorithm):
+    from hpcpar.collectives import CollectiveError, last_stats
+
+    h = hierarchy(comm, layout)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    x, out = np.empty(1000), np.empty(1000)
+    call = hpcpar.allreduce_init(x, out=out, comm=h, algorithm=algorithm)
+    library = call.algorithm == "mpi"
+    assert_all(library == (algorithm in ("auto", "mpi")), f"{call.algorithm}", comm)  # no profile
+    for k in range(3):  # new data each time, the same buffers
+        x[:] = contribution(rank, 1000, np.float64) + k
+        want = sum(contribution(q, 1000, np.float64) for q in range(size)) + k * size
+        got = call()
+        assert_all(got is out and np.allclose(out, want), f"call {k}", comm)
+        assert_all(last_stats().algorithm == call.algorithm, "stats of the call", comm)
+    call.start()
+    with pytest.raises(CollectiveError, match="start\\(\\) again before wait"):
+        call.start()
+    assert_all(np.allclose(call.wait(), want), "start/wait", comm)
+    with pytest.raises(CollectiveError, match="wait\\(\\) without start"):
+        call.wait()
+    call.free()
+    with pytest.raises(CollectiveError, match="used after free"):
+        call()
+    y = contribution(rank, 7, np.float64)
+    with hpcpar.allreduce_init(y, out=y, comm=h, algorithm=algorithm) as inplace:
+        first = inplace().copy()  # in place: the next call reduces the reduced values
+        assert_all(np.allclose(inplace(), first * size), "in place, twice", comm)
+    h.free()
