@@ -184,6 +184,8 @@ def test_persistent_allreduce_repeats_against_numpy(comm, layout, algorithm):
     call = hpcpar.allreduce_init(x, out=out, comm=h, algorithm=algorithm)
     library = call.algorithm == "mpi"
     assert_all(library == (algorithm in ("auto", "mpi")), f"{call.algorithm}", comm)  # no profile
+    # the library's persistent request or its blocking call, whichever measured faster
+    assert_all(library == ("bound to the library's" in call.reason), call.reason, comm)
     for k in range(3):  # new data each time, the same buffers
         x[:] = contribution(rank, 1000, np.float64) + k
         want = sum(contribution(q, 1000, np.float64) for q in range(size)) + k * size
@@ -204,3 +206,18 @@ def test_persistent_allreduce_repeats_against_numpy(comm, layout, algorithm):
         first = inplace().copy()  # in place: the next call reduces the reduced values
         assert_all(np.allclose(inplace(), first * size), "in place, twice", comm)
     h.free()
+
+
+def test_persistent_allreduce_bound_to_the_blocking_call(comm, monkeypatch):
+    from hpcpar.collectives import api
+
+    monkeypatch.setattr(api, "PERSISTENT_PROBE_BYTES", 0)  # above it: the blocking call
+    rank, size = comm.Get_rank(), comm.Get_size()
+    x = np.full(10, float(rank))
+    with hpcpar.allreduce_init(x, algorithm="mpi") as call:
+        assert_all(call.reason.endswith("bound to the library's blocking call"), call.reason, comm)
+        assert_all(np.array_equal(call(), np.full(10, size * (size - 1) / 2)), "call", comm)
+        x += 1
+        call.start()
+        got = call.wait()
+        assert_all(np.array_equal(got, np.full(10, size * (size + 1) / 2)), "start/wait", comm)
