@@ -245,12 +245,15 @@ def _run_slurm(config: dict[str, Any], todo: Todo, done: Say) -> None:
                          "where": "slurm", "log": str(folder / "log.txt")})  # fmt: skip
         jobs[point["id"]] = (point, folder, job)
     deadline = time.monotonic() + float(sl["wait"])
+    pause = 1.0  # grows while nothing ends (up to 30 s): a long queue is not polled hard
     while jobs:
+        ended = 0
         for pid, (point, folder, job) in list(jobs.items()):
             outcome = job_outcome(job)
             if outcome is None:
                 continue
             del jobs[pid]
+            ended += 1
             done(point, _finish(folder, _slurm_status(point, folder, job, outcome)))
         if jobs and time.monotonic() > deadline:
             raise HpcparError(
@@ -258,7 +261,8 @@ def _run_slurm(config: dict[str, Any], todo: Todo, done: Say) -> None:
                 f"{sl['wait']:.0f} s ([slurm] wait); rerun the sweep later to collect them"
             )
         if jobs:
-            time.sleep(1.0)
+            pause = 1.0 if ended else min(30.0, pause * 1.5)
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
 
 
 def _slurm_status(point: dict[str, Any], folder: Path, job: str,
