@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +137,7 @@ def run_points(config: dict[str, Any], todo: Todo, done: Say) -> None:
     if where == "slurm":
         _run_slurm(config, todo, done)
         return
-    with _vcluster(config) if where == "vcluster" else _nothing():
+    with _vcluster(config) if where == "vcluster" else nullcontext():
         for _, point, folder, command in todo:
             p = point["params"]
             if where == "vcluster":
@@ -155,11 +155,6 @@ def run_points(config: dict[str, Any], todo: Todo, done: Say) -> None:
                 "status": "ok" if code == 0 else "failed", "exit_code": code,
                 "seconds": time.time() - t0, "params": p, "argv": argv, "where": where,
                 "log": str(folder / "log.txt")}))  # fmt: skip
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 @contextmanager
