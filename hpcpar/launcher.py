@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .errors import LaunchError
 from .layout import node_assignment
+from .runtime.env import usable_cores
 from .runtime.mpiinfo import MPIInstallation, find_mpi
 
 __all__ = [
@@ -114,13 +115,6 @@ def rank_command(command: Sequence[str], known_commands: Collection[str]) -> lis
     return [head, *rest]
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def plan_launch(
     ranks: int,
     command: Sequence[str],
@@ -159,7 +153,7 @@ def plan_launch(
         node_assignment(layout, ranks)  # a bad layout fails here, before any rank starts
     rank_argv = rank_command(command, known_commands)
     mpi = mpi or find_mpi()
-    cores = cores or _cores()
+    cores = cores or usable_cores()
     if launcher == "auto":
         in_slurm = "SLURM_JOB_ID" in environ and shutil.which("srun") is not None
         launcher = "srun" if in_slurm else "mpiexec"

@@ -37,13 +37,13 @@ import argparse
 import hashlib
 import itertools
 import json
-import os
 import re
 import shlex
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..runtime.env import usable_cores
 from .registry import Command, register
 from .sweep_where import TABLE_KEYS, WHERE, check_where, run_points
 
@@ -105,8 +105,8 @@ def load_config(path: str | Path, where: str | None = None) -> dict[str, Any]:
     where = str(where or exp.get("where", "local"))
     settings = check_where(where, doc, params)
     oversubscribe = bool(exp.get("oversubscribe", False))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if where != "slurm" and not oversubscribe and max(ranks) > (cores or 1):
+    cores = usable_cores()
+    if where != "slurm" and not oversubscribe and max(ranks) > cores:
         raise UsageError(
             f"experiment: ranks up to {max(ranks)} on {cores} core(s); set oversubscribe = true "
             "in [experiment] to allow it"

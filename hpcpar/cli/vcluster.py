@@ -93,7 +93,9 @@ def _run_job(spec: Any, args: argparse.Namespace, known: Any) -> int:
     ranks = spec.nodes * args.ppn
     import os
 
-    env = oversubscription_env(mpi.vendor, ranks, len(os.sched_getaffinity(0)))
+    from ..runtime.env import usable_cores
+
+    env = oversubscription_env(mpi.vendor, ranks, usable_cores())
     env.update(network_env(os.environ))
     if args.dry_run:
         print(shlex.join(argv), flush=True)

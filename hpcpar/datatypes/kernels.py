@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.env import usable_cores
 from .ir import Item, Strided, packed_size
 
 __all__ = [
@@ -218,11 +219,9 @@ def _threads() -> int:
         if wanted.isdigit() and int(wanted) >= 1:
             count = int(wanted)
         else:
-            cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                     else os.cpu_count() or 1)  # fmt: skip
             local = next((int(v) for v in map(os.environ.get, _LOCAL_RANKS)
                           if v and v.isdigit() and int(v) >= 1), 1)  # fmt: skip
-            count = max(1, cores // local)
+            count = max(1, usable_cores() // local)
         _thread_count.append(min(count, 8))
     return _thread_count[0]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["launcher_rank_size", "env_flag", "getenv_fast"]
+__all__ = ["launcher_rank_size", "env_flag", "getenv_fast", "usable_cores"]
 
 # (rank variable, size variable) of the process managers we know: Hydra/PMI, PMIx,
 # Open MPI, Slurm.
@@ -47,3 +47,11 @@ def getenv_fast(name: str, key: bytes | None = None) -> str | None:
         value = _RAW.get(key if key is not None else os.fsencode(name))
         return None if value is None else os.fsdecode(value)
     return os.environ.get(name)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1

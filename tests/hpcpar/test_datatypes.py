@@ -431,11 +431,10 @@ def test_repeated_packs_of_the_same_buffers_see_new_data(layout):
 
 
 def test_copy_threads_are_this_ranks_share_of_the_cores(monkeypatch):
-    import os
-
     from hpcpar.datatypes import kernels
+    from hpcpar.runtime.env import usable_cores
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     for env, want in (
         ({"MPI_LOCALNRANKS": "1"}, min(cores, 8)),
         ({"MPI_LOCALNRANKS": str(2 * cores)}, 1),  # oversubscribed: one thread each

@@ -184,15 +184,14 @@ def _oversubscribed(comm: Any) -> bool:
     Ranks are grouped by the kernel they run on (its boot id), so the virtual nodes of
     one machine (network namespaces) count as the one machine they share.
     """
-    import os
+    from ...runtime.env import usable_cores
 
     try:
         with open("/proc/sys/kernel/random/boot_id") as handle:
             machine = handle.read().strip()
     except OSError:
         machine = platform.node()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    seen = comm.allgather((machine, cores or 1))
+    seen = comm.allgather((machine, usable_cores()))
     return any(sum(m == host for m, _ in seen) > c for host, c in seen)
 
 
