@@ -243,26 +243,25 @@ def copy_array(dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src)
         return
     flat_dst, flat_src = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
-    if not _pool:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _pool.append(ThreadPoolExecutor(_threads(), thread_name_prefix="hpcpar-pack"))
     cuts = [min(flat_dst.size, (flat_dst.size * i // _threads()) // 64 * 64)
             for i in range(_threads())] + [flat_dst.size]  # fmt: skip
-    jobs = [_pool[0].submit(np.copyto, flat_dst[a:b], flat_src[a:b])
-            for a, b in itertools.pairwise(cuts) if b > a]  # fmt: skip
-    for job in jobs:
-        job.result()
+    _on_threads(np.copyto, flat_dst, flat_src, cuts)
 
 
 def _parallel_copy(dst: np.ndarray, src: np.ndarray, copy: Any = np.copyto) -> None:
     """Copy in slices of the outermost dimension, one per core."""
+    bounds = np.linspace(0, dst.shape[0], min(_threads(), dst.shape[0]) + 1).astype(int)
+    _on_threads(copy, dst, src, bounds)
+
+
+def _on_threads(copy: Any, dst: np.ndarray, src: np.ndarray, cuts: Any) -> None:
+    """``copy(dst[a:b], src[a:b])`` for consecutive cuts, each on a pool thread."""
     if not _pool:
         from concurrent.futures import ThreadPoolExecutor
 
         _pool.append(ThreadPoolExecutor(_threads(), thread_name_prefix="hpcpar-pack"))
-    bounds = np.linspace(0, dst.shape[0], min(_threads(), dst.shape[0]) + 1).astype(int)
-    jobs = [_pool[0].submit(copy, dst[a:b], src[a:b]) for a, b in itertools.pairwise(bounds)]
+    jobs = [_pool[0].submit(copy, dst[a:b], src[a:b])
+            for a, b in itertools.pairwise(cuts) if b > a]  # fmt: skip
     for job in jobs:
         job.result()
 
