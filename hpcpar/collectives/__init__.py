@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from .api import (
         allgather,
         allreduce,
-        allreduce_init,
         alltoall,
         alltoallv,
         barrier,
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
     from .cost.explain import explain
     from .errors import CollectiveError, CollectiveMismatchError
     from .ops import OpError
+    from .persistent import PersistentAllreduce, allreduce_init
     from .schedule import CollectiveRequest, PendingRequestWarning
 
 __all__ = [
@@ -58,8 +58,9 @@ __all__ = [
     "ialltoall",
     "ialltoallv",
     "ibarrier",
-    "allreduce_init",
     "last_stats",
+    "allreduce_init",
+    "PersistentAllreduce",
     "explain",
     "algorithms_for",
     "COLLECTIVES",
@@ -73,8 +74,9 @@ __all__ = [
 ]
 
 _LAZY = {
-    **dict.fromkeys(__all__[:18], ".api"),
-    "PersistentAllreduce": ".api",
+    **dict.fromkeys(__all__[:17], ".api"),
+    "allreduce_init": ".persistent",
+    "PersistentAllreduce": ".persistent",
     "explain": ".cost.explain",
     "ALGORITHMS": ".algorithms",
     "CollectiveStats": ".channel",

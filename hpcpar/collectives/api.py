@@ -7,7 +7,6 @@ end, the ``i*`` form returns a ``CollectiveRequest`` that advances it on ``test(
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,20 +14,18 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..runtime.env import getenv_fast
-from . import mpi_library
 from . import reproducible as repro
 from .autotune import autotune_on as _autotune_on
 from .autotune import tuned_algorithm
 from .buffers import check_out, host_array, result_buffer, to_device_like
 from .call import open_call
-from .channel import CollectiveStats, even_counts
+from .channel import even_counts, last_stats, remember_stats
 from .check import check_same, checking
 from .errors import CollectiveError
+from .fastpath import fast_allreduce
 from .ops import ReduceOp, resolve_op
 from .schedule import CollectiveRequest, Schedule, run
 from .select import choose
-from .state import fast_state as _fast_state
 from .state import state_for
 
 __all__ = [
@@ -41,8 +38,6 @@ __all__ = [
     "alltoallv",
     "barrier",
     "iallreduce",
-    "allreduce_init",
-    "PersistentAllreduce",
     "ireduce",
     "ibcast",
     "iallgather",
@@ -52,18 +47,6 @@ __all__ = [
     "ibarrier",
     "last_stats",
 ]
-
-_last: list[Any] = [None]  # CollectiveStats, or the fast path's (collective, bytes)
-
-
-def last_stats() -> CollectiveStats | None:
-    """Counters of the collective this rank completed last (messages and bytes per level)."""
-    last = _last[0]
-    if type(last) is tuple:  # the library's call, made by the fast path: made up on demand
-        stats = CollectiveStats(last[0], "mpi", last[1])
-        stats.inside_mpi = True
-        _last[0] = last = stats
-    return last
 
 
 @dataclass
@@ -107,7 +90,7 @@ def _begin(
 
 def _finisher(call: Any, deliver: Callable[[], Any]) -> Callable[[Any], Any]:
     def finish(_value: Any) -> Any:
-        _last[0] = call.stats
+        remember_stats(call.stats)
         return deliver()
 
     return finish
@@ -153,56 +136,6 @@ def _on_device(x: Any, out: Any, deliver: Callable[[], Any]) -> Callable[[], Any
     return lambda: to_device_like(x, deliver())
 
 
-_AUTO_ENV = (b"HPCPAR_ALGORITHM_ALLREDUCE", b"HPCPAR_RULES", b"HPCPAR_PROFILE")
-_native_ops: dict[tuple[int, Any], tuple[Any, Any]] = {}  # (id(op), dtype) -> (op, MPI op)
-
-
-def _fast_allreduce(x: Any, op: Any, out: Any, comm: Any, algorithm: str) -> Any:
-    """The MPI library's blocking Allreduce with as little Python as possible, or None.
-
-    Taken only when the general path would do exactly this: numpy arrays, a predefined
-    op on a native dtype, the ``mpi`` algorithm, no checks. It still takes a tag from
-    the sequence, so every rank's sequence stays the same whichever path it took.
-    """
-    state = _fast_state(comm)
-    if state is None or type(x) is not np.ndarray or not isinstance(op, MPI.Op) or checking():
-        return None
-    if algorithm == "auto":
-        # auto's choice depends on the size, the element size and three variables
-        # (read on every call, so changing one takes effect at once); remember it.
-        key = (x.nbytes, x.itemsize, getenv_fast("", _AUTO_ENV[0]),
-               getenv_fast("", _AUTO_ENV[1]), getenv_fast("", _AUTO_ENV[2]))  # fmt: skip
-        use_mpi = state.fast_auto.get(key)
-        if use_mpi is None:
-            use_mpi = choose("allreduce", "auto", None, state, x.nbytes, x.itemsize)[0].name
-            use_mpi = state.fast_auto[key] = use_mpi == "mpi"
-            if len(state.fast_auto) > 4096:  # a program sweeping every size
-                state.fast_auto.clear()
-        if not use_mpi:
-            return None
-    elif algorithm != "mpi":
-        return None
-    native = _native_ops.get((id(op), x.dtype))
-    if native is None or native[0] is not op:  # the entry holds op: its id is not reused
-        rop = resolve_op(op, x.dtype)
-        native = (op, rop.mpi_op if mpi_library.is_native(rop, x.dtype) else None)
-        _native_ops[(id(op), x.dtype)] = native
-    if native[1] is None or not x.flags.c_contiguous:
-        return None
-    if out is None:
-        out = np.empty_like(x)
-    usable = type(out) is np.ndarray and out.shape == x.shape and out.dtype == x.dtype
-    if not (usable and out.flags.c_contiguous and out.flags.writeable):
-        return None
-    state.next_tag()
-    if out is x:
-        state.private.Allreduce(MPI.IN_PLACE, out, native[1])
-    else:
-        state.private.Allreduce(x, out, native[1])
-    _last[0] = ("allreduce", x.nbytes)
-    return out
-
-
 def allreduce(
     x: Any,
     op: Any = MPI.SUM,
@@ -238,178 +171,10 @@ def allreduce(
     ):
         algorithm = tuned_algorithm(x, op, comm)[0]
     if not reproducible:
-        result = _fast_allreduce(x, op, out, comm, algorithm)
+        result = fast_allreduce(x, op, out, comm, algorithm)
         if result is not None:
             return result
     return _complete(_prepare_allreduce, x, op, out, comm, algorithm, reproducible)
-
-
-PERSISTENT_PROBE_BYTES = 1 << 20
-
-
-class PersistentAllreduce:
-    """An allreduce bound to its buffers and its algorithm (``allreduce_init``).
-
-    ``start()`` then ``wait()`` (or ``call()``, both) as often as wanted; ``x`` may be
-    changed between calls, never between ``start()`` and ``wait()``. ``free()`` (or a
-    ``with`` block) releases it. ``algorithm`` and ``reason`` say what was chosen.
-    """
-
-    def __init__(self, x: Any, op: Any, out: Any, comm: Any, algorithm: str) -> None:
-        state = state_for(comm)
-        data = host_array(x)
-        rop = resolve_op(op, data.dtype)
-        if out is None:
-            out = np.empty_like(x)
-        else:
-            check_out(out, tuple(data.shape), data.dtype)
-        chosen, self.reason = choose("allreduce", algorithm, rop, state, data.nbytes,
-                                     data.itemsize)  # fmt: skip
-        self.algorithm = chosen.name
-        self.x, self.out, self._op, self._comm, self._state = x, out, op, comm, state
-        self._running: Any = None
-        self._freed = False
-        self._request: Any = None
-        library = (
-            chosen.name == "mpi"
-            and type(x) is np.ndarray
-            and type(out) is np.ndarray
-            and x.flags.c_contiguous
-            and out.flags.c_contiguous
-            and mpi_library.is_native(rop, data.dtype)
-        )
-        if library:  # the library's call, bound: its persistent request or its blocking call
-            self._mpi_op = rop.mpi_op
-            self._request = self._faster_library_call(state, x, out, rop.mpi_op)
-            self._library = True
-        else:
-            self._library = False
-
-    def start(self) -> None:
-        """Begin one allreduce of ``x`` into ``out`` (collective)."""
-        if self._freed:
-            raise CollectiveError("persistent allreduce: used after free()")
-        if self._running is not None:
-            raise CollectiveError("persistent allreduce: start() again before wait()")
-        if self._library:
-            self._state.next_tag()  # the same tag sequence as a plain call
-            if self._request is not None:
-                self._request.Start()
-            else:
-                self._blocking()
-            self._running = True
-        else:
-            self._running = iallreduce(self.x, self._op, out=self.out, comm=self._comm,
-                                       algorithm=self.algorithm)  # fmt: skip
-
-    def wait(self) -> Any:
-        """Finish the allreduce ``start()`` began; returns ``out``."""
-        if self._running is None:
-            raise CollectiveError("persistent allreduce: wait() without start()")
-        running, self._running = self._running, None
-        if self._library:
-            if self._request is not None:
-                self._request.Wait()
-            _last[0] = ("allreduce", self.out.nbytes)
-            return self.out
-        return running.wait()
-
-    def __call__(self) -> Any:
-        """``start()`` and ``wait()``: one blocking allreduce; returns ``out``."""
-        if self._library and self._running is None and not self._freed:
-            self._state.next_tag()
-            if self._request is not None:
-                self._request.Start()
-                self._request.Wait()
-            else:
-                self._blocking()
-            _last[0] = ("allreduce", self.out.nbytes)
-            return self.out
-        self.start()
-        return self.wait()
-
-    def _blocking(self) -> None:
-        if self.out is self.x:
-            self._state.private.Allreduce(MPI.IN_PLACE, self.out, self._mpi_op)
-        else:
-            self._state.private.Allreduce(self.x, self.out, self._mpi_op)
-
-    def _faster_library_call(self, state: Any, x: Any, out: Any, mpi_op: Any) -> Any:
-        """The library's persistent request, or None for its blocking call (collective).
-
-        Whichever is faster here.
-
-        MPI libraries may run persistent collectives with other algorithms than the
-        blocking ones (MPICH 5 on the virtual cluster: 0.5x the time at 16 B, 1.45x at
-        256 KiB), so up to ``PERSISTENT_PROBE_BYTES`` both are timed on the bound
-        buffers (three loops of three calls each, every loop started together and
-        counted on its slowest rank; ``out`` gets overwritten, ``x`` too when in place);
-        above, the blocking call, whose Python cost no longer matters.
-        """
-        if x.nbytes > PERSISTENT_PROBE_BYTES:
-            self.reason += "; bound to the library's blocking call"
-            return None
-        comm = state.private
-        saved = x.copy() if out is x else None
-        request = comm.Allreduce_init(MPI.IN_PLACE if out is x else x, out, mpi_op)
-
-        def persistent() -> None:
-            request.Start()
-            request.Wait()
-
-        best = []
-        for call in (persistent, self._blocking):
-            call()
-            fastest = float("inf")
-            for _ in range(3):
-                comm.Barrier()
-                start = time.perf_counter()
-                for _ in range(3):
-                    call()
-                took = comm.allreduce((time.perf_counter() - start) / 3, op=MPI.MAX)
-                fastest = min(fastest, took)
-            best.append(fastest)
-        if saved is not None:
-            np.copyto(x, saved)
-        kept = "persistent request" if best[0] <= best[1] else "blocking call"
-        self.reason += (f"; bound to the library's {kept} (persistent {best[0] * 1e6:.1f} us,"
-                        f" blocking {best[1] * 1e6:.1f} us per call)")  # fmt: skip
-        if best[0] <= best[1]:
-            return request
-        request.Free()
-        return None
-
-    def free(self) -> None:
-        """Release the persistent request (after its last ``wait()``)."""
-        if self._running is not None:
-            raise CollectiveError("persistent allreduce: free() before wait()")
-        if self._request is not None and not self._freed:
-            self._request.Free()
-        self._freed = True
-
-    def __enter__(self) -> PersistentAllreduce:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._running is not None:
-            self.wait()
-        self.free()
-
-
-def allreduce_init(
-    x: Any, op: Any = MPI.SUM, *, out: Any = None, comm: Any = None, algorithm: str = "auto"
-) -> PersistentAllreduce:
-    """A persistent allreduce of ``x`` into ``out``: the algorithm is chosen once (collective).
-
-    For loops that reduce the same buffers again and again (an iterative solver's dot
-    products): where ``auto`` picks the MPI library's call, each call is the library's
-    persistent ``MPI_Allreduce_init`` request started and waited, or its blocking call,
-    whichever measured faster here when the call was made (up to 1 MiB, so ``init`` runs
-    the allreduce about 20 times: ``out`` is overwritten; in place, ``x`` is restored),
-    with no per-call selection; any other algorithm runs as ``iallreduce`` of the bound
-    buffers.
-    """
-    return PersistentAllreduce(x, op, out, comm, algorithm)
 
 
 def iallreduce(

@@ -25,7 +25,15 @@ from mpi4py import MPI
 from ..runtime.env import getenv_fast
 from .state import fast_state
 
-__all__ = ["BUDGET_S", "CANDIDATES", "ROUNDS", "autotune_on", "tuned_algorithm", "tuned"]
+__all__ = [
+    "BUDGET_S",
+    "CANDIDATES",
+    "ROUNDS",
+    "autotune_on",
+    "measure_calls",
+    "tuned_algorithm",
+    "tuned",
+]
 
 BUDGET_S = 0.03  # per candidate
 ROUNDS = 3  # loops of calls per candidate; the fastest loop counts
@@ -40,7 +48,7 @@ def autotune_on() -> bool:
     return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
 
 
-def _measure(state: Any, name: str, run: Any) -> float:
+def measure_calls(state: Any, name: str, run: Any) -> float:
     """Seconds per call of ``run``, candidate ``name``, on the slowest rank (collective).
 
     The best of ``ROUNDS`` loops of calls, each about ``BUDGET_S / ROUNDS``, each started
@@ -99,7 +107,7 @@ def tuned_algorithm(x: Any, op: Any, comm: Any) -> tuple[str, str]:
     candidates = ["mpi", *others[:CANDIDATES]]
     scratch = x.copy()
     mine = [
-        _measure(state, name, lambda name=name: api.allreduce(x, op, out=scratch, comm=comm,
+        measure_calls(state, name, lambda name=name: api.allreduce(x, op, out=scratch, comm=comm,
                                                               algorithm=name, autotune=False))
         for name in candidates
     ]  # fmt: skip

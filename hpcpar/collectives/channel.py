@@ -8,11 +8,21 @@ be checked against what an algorithm really sent.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["Channel", "CollectiveStats", "combine", "even_counts", "offsets"]
+__all__ = [
+    "Channel",
+    "CollectiveStats",
+    "combine",
+    "even_counts",
+    "offsets",
+    "last_stats",
+    "remember_stats",
+    "note_library_call",
+]
 
 
 @dataclass(slots=True)
@@ -121,3 +131,26 @@ def offsets(counts: list[int]) -> list[int]:
     for c in counts:
         out.append(out[-1] + c)
     return out
+
+
+_last: list[Any] = [None]  # CollectiveStats, or a library call's (collective, bytes)
+
+
+def remember_stats(stats: CollectiveStats) -> None:
+    """Record the counters of the collective this rank just completed."""
+    _last[0] = stats
+
+
+def note_library_call(collective: str, nbytes: int) -> None:
+    """Record a call the library made alone (its stats are made up if someone asks)."""
+    _last[0] = (collective, nbytes)
+
+
+def last_stats() -> CollectiveStats | None:
+    """Counters of the collective this rank completed last (messages and bytes per level)."""
+    last = _last[0]
+    if type(last) is tuple:  # the library's call, made by the fast path: made up on demand
+        stats = CollectiveStats(last[0], "mpi", last[1])
+        stats.inside_mpi = True
+        _last[0] = last = stats
+    return last

@@ -17,6 +17,8 @@ from .ops import ReduceOp
 from .schedule import Schedule
 
 __all__ = [
+    "native_mpi_op",
+    "blocking_allreduce",
     "allreduce",
     "reduce",
     "bcast",
@@ -43,6 +45,33 @@ _NATIVE_SIZES = {"i": (1, 2, 4, 8), "u": (1, 2, 4, 8), "f": (4, 8), "c": (8, 16)
 _generic_ops: dict[bool, MPI.Op] = {}
 _dispatch: dict[int, tuple[np.dtype, Any]] = {}
 _byte_types: dict[int, MPI.Datatype] = {}
+
+
+_native_ops: dict[tuple[int, Any], tuple[Any, Any]] = {}  # (id(op), dtype) -> (op, MPI op)
+
+
+def native_mpi_op(op: Any, dtype: np.dtype) -> Any:
+    """The MPI op the library reduces ``dtype`` with for ``op``, or None (cached).
+
+    One dictionary lookup per call: the library path of ``allreduce`` runs it every time.
+    The cache entry holds ``op``, so its id cannot be reused by another object.
+    """
+    native = _native_ops.get((id(op), dtype))
+    if native is None or native[0] is not op:
+        from .ops import resolve_op
+
+        rop = resolve_op(op, dtype)
+        native = (op, rop.mpi_op if is_native(rop, dtype) else None)
+        _native_ops[(id(op), dtype)] = native
+    return native[1]
+
+
+def blocking_allreduce(comm: MPI.Intracomm, x: np.ndarray, out: np.ndarray, mpi_op: Any) -> None:
+    """The library's own blocking Allreduce of ``x`` into ``out`` (in place when the same)."""
+    if out is x:
+        comm.Allreduce(MPI.IN_PLACE, out, mpi_op)
+    else:
+        comm.Allreduce(x, out, mpi_op)
 
 
 def is_native(op: ReduceOp, dtype: np.dtype) -> bool:

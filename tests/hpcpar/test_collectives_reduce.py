@@ -209,9 +209,9 @@ def test_persistent_allreduce_repeats_against_numpy(comm, layout, algorithm):
 
 
 def test_persistent_allreduce_bound_to_the_blocking_call(comm, monkeypatch):
-    from hpcpar.collectives import api
+    from hpcpar.collectives import persistent
 
-    monkeypatch.setattr(api, "PERSISTENT_PROBE_BYTES", 0)  # above it: the blocking call
+    monkeypatch.setattr(persistent, "PERSISTENT_PROBE_BYTES", 0)  # above: the blocking call
     rank, size = comm.Get_rank(), comm.Get_size()
     x = np.full(10, float(rank))
     with hpcpar.allreduce_init(x, algorithm="mpi") as call:
