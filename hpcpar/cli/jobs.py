@@ -24,7 +24,7 @@ from typing import Any
 
 from .registry import Command, register
 
-__all__ = ["APPS", "render_sbatch", "submit", "job_outcome"]
+__all__ = ["APPS", "render_sbatch", "submit", "job_outcome", "check_time"]
 
 # Per app: commands run once before the job (plain hpcpar), then the command run on
 # every rank under ``hpcpar launch``, with its exit statuses that mean success.
@@ -87,7 +87,8 @@ esac
 _NO_PARTITION = "# #SBATCH --partition=...   # PLACEHOLDER: your partition / account"
 
 
-def _check_time(text: str) -> str:
+def check_time(text: str) -> str:
+    """``text`` if it is a Slurm time limit, else a ``UsageError``."""
     if not re.fullmatch(r"(\d+-)?\d{1,2}(:\d{2}){0,2}", text):
         from ..errors import UsageError
 
@@ -126,7 +127,7 @@ def render_sbatch(
     lines = "".join(f'"$HPCPAR" {b}\n' for b in before)
     part = f"#SBATCH --partition={partition}" if partition else _NO_PARTITION
     return _TEMPLATE.format(
-        app=app, nodes=nodes, ppn=ppn, cpus=cpus_per_task, time=_check_time(time_limit),
+        app=app, nodes=nodes, ppn=ppn, cpus=cpus_per_task, time=check_time(time_limit),
         output=output, partition=part, before=lines, launcher=launcher, command=command,
         ok="|".join(map(str, ok)), name=f"hpcpar-{app}",
     )  # fmt: skip

@@ -86,9 +86,9 @@ def _check_values(vc: dict[str, Any], sl: dict[str, Any]) -> None:
     if not isinstance(sl.setdefault("wait", 86400), (int, float)) or sl["wait"] <= 0:
         raise UsageError(f"experiment: [slurm] wait must be positive seconds, not {sl['wait']!r}")
     if "time" in sl:
-        from .jobs import _check_time
+        from .jobs import check_time
 
-        _check_time(str(sl["time"]))
+        check_time(str(sl["time"]))
 
 
 def _check_placement(where: str, vc: dict[str, Any], params: dict[str, list]) -> None:
