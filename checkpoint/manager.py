@@ -135,7 +135,7 @@ class Checkpointer:
         from hpcpar.topology import Hierarchy
 
         names = check_levels(levels)
-        self.every, self.keep, group = parse_policy(policy, names)
+        self.every, self.keep, group, recycle = parse_policy(policy, names)
         self.fault = parse_fault(os.environ.get("HPCPAR_CHECKPOINT_FAULT"))
         layout = comm.layout if isinstance(comm, Hierarchy) else None
         self.comm = resolve_comm(comm).Dup()  # checkpoint traffic runs on its own communicator
@@ -155,6 +155,8 @@ class Checkpointer:
         self.levels: list[Level] = self._agree(
             lambda: [makers[n](self.job) for n in names if n in makers]
         )
+        for level in self.levels:
+            level.recycle = recycle
         self.memory = "memory" in names
         self._snapshot: tuple[int, dict[str, Any]] | None = None
         self._buffers = _Buffers()
@@ -242,7 +244,10 @@ class Checkpointer:
             )
         else:
             committed.set_result(None)
-        for level in done:  # after the handle is told: pruning is not the caller's wait
+        # after the handle is told (pruning is not the caller's wait); slowest level first,
+        # so a shard hard-linked from a later level has one link left when the local level
+        # prunes it, and can become the local level's spare
+        for level in reversed(done):
             self._prune(level)
 
     def _commit(

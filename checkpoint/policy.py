@@ -32,12 +32,15 @@ def check_levels(levels: Any) -> list[str]:
 
 def parse_policy(
     policy: dict[str, Any] | None, names: list[str]
-) -> tuple[dict[str, int], dict[str, int], int]:
-    """``{"every": {...}, "keep": {...}, "xor_group": k}`` -> (every, keep, xor group size).
+) -> tuple[dict[str, int], dict[str, int], int, bool]:
+    """``{"every": {...}, "keep": {...}, "xor_group": k, "recycle": b}`` -> the four.
 
     ``every[L] = N`` writes level L on every N-th save (the first save writes every level);
     ``keep[L] = K`` keeps its newest K versions; ``xor_group`` is the number of nodes per
-    XOR parity group (default 4).
+    XOR parity group (default 4); ``recycle`` (default True) keeps each pruned file of the
+    node-local levels as a spare that the next version writes over instead of allocating
+    new blocks (one spare per file name: a rank's storage holds K + 1 versions' worth).
+    The HDF5 level always writes new files.
 
     Raises:
         CheckpointError: unknown entries, levels not in use, values that are not positive
@@ -45,8 +48,13 @@ def parse_policy(
     """
     every = {n: DEFAULT_EVERY[n] for n in names}
     keep = {n: DEFAULT_KEEP[n] for n in names}
-    group = 4
+    group, recycle = 4, True
     for key, table in (policy or {}).items():
+        if key == "recycle":
+            if not isinstance(table, bool):
+                raise CheckpointError(f"policy.recycle must be true or false, not {table!r}")
+            recycle = table
+            continue
         if key == "xor_group":
             if isinstance(table, bool) or not isinstance(table, int) or table < 2:
                 raise CheckpointError(f"policy.xor_group must be an integer >= 2, not {table!r}")
@@ -54,7 +62,8 @@ def parse_policy(
             continue
         if key not in ("every", "keep") or not isinstance(table, dict):
             raise CheckpointError(
-                f"policy: unknown entry {key!r} (use 'every' and 'keep' tables and 'xor_group')"
+                f"policy: unknown entry {key!r} "
+                "(use 'every' and 'keep' tables, 'xor_group' and 'recycle')"
             )
         for level, value in table.items():
             if level not in names:
@@ -64,7 +73,7 @@ def parse_policy(
                     f"policy.{key}.{level} must be a positive integer, not {value!r}"
                 )
             (every if key == "every" else keep)[level] = value
-    return every, keep, group
+    return every, keep, group, recycle
 
 
 def young_daly_interval(cost_s: float, mtbf_s: float) -> float:

@@ -107,6 +107,10 @@ class EncodedShard:
             self._tail = manifest + _TRAILER.pack(MAGIC, len(manifest), zlib.crc32(manifest))
         return self._tail
 
+    def hashed(self) -> bool:
+        """Whether the checksums are done (``tail()`` would not wait)."""
+        return self._tail is not None or not self._hasher.is_alive()
+
     @property
     def nbytes(self) -> int:
         """The file's length."""
@@ -211,8 +215,16 @@ def decode_shard(
 _CHUNK = 64 << 20
 
 
-def write_file(path: Path, shard: EncodedShard) -> None:
+def write_file(path: Path, shard: EncodedShard, reuse: Path | None = None) -> None:
     """Write a shard durably and atomically: temporary file, fsync, rename, fsync dir.
+
+    Args:
+        path: The file to create (replaced if it exists).
+        shard: What to write.
+        reuse: A spare file (an old version's, no other links) to write over instead of
+            allocating a new one, if it exists (same file system). Overwriting blocks a
+            file already owns skips the file system's allocation and, on thin-provisioned
+            virtual disks, the host's: the reason PostgreSQL recycles its WAL segments.
 
     Raises:
         OSError: the write failed (the temporary file is removed).
@@ -222,11 +234,18 @@ def write_file(path: Path, shard: EncodedShard) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     half, written = shard.body_nbytes // 2, 0
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    if reuse is not None:
+        try:
+            os.replace(reuse, tmp)  # claims the spare; its old bytes are overwritten below
+            flags &= ~os.O_TRUNC
+        except OSError:
+            pass  # no spare (or another file system): a new file
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, flags, 0o644)
         try:
             check_write(path)
-            for seg in _segments(shard):  # the tail (which waits for the hashes) last
+            for seg in _segments(shard, fd):  # the tail (which waits for the hashes) last
                 view = memoryview(seg).cast("B")
                 for start in range(0, max(len(view), 1), _CHUNK):
                     piece = view[start : start + _CHUNK]
@@ -238,6 +257,8 @@ def write_file(path: Path, shard: EncodedShard) -> None:
                     if written >= half:
                         at_half()
                         half = 1 << 62
+            if not flags & os.O_TRUNC:
+                os.ftruncate(fd, written)  # a longer spare's old tail would hide the trailer
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -248,8 +269,13 @@ def write_file(path: Path, shard: EncodedShard) -> None:
     fsync_dir(path.parent)
 
 
-def _segments(shard: EncodedShard) -> Any:
+_EARLY_SYNC = 64 << 20
+
+
+def _segments(shard: EncodedShard, fd: int | None = None) -> Any:
     yield from shard.body
+    if fd is not None and shard.body_nbytes >= _EARLY_SYNC and not shard.hashed():
+        os.fdatasync(fd)  # the disk takes the body while the checksums finish
     yield shard.tail()
 
 

@@ -52,6 +52,21 @@ class Level:
 
     def __init__(self, job: Job) -> None:
         self.job = job
+        self.recycle = True  # the manager sets the policy's choice
+
+    # ---- files ------------------------------------------------------------------------
+
+    def spare(self, path: Path) -> Path:
+        """Where a pruned file waits to be written over by the next version's same file."""
+        return self.job.node_dir() / self.name / ".spare" / path.name
+
+    def write_shard(self, path: Path, shard: EncodedShard) -> None:
+        """Write a shard file, over the spare of its name when recycling.
+
+        Raises:
+            OSError: the write failed.
+        """
+        write_file(path, shard, reuse=self.spare(path) if self.recycle else None)
 
     # ---- commit markers (in the shared root) ----------------------------------------
 
@@ -102,12 +117,29 @@ class Level:
         """Run on rank 0 after every rank wrote ``step``, before the marker is written."""
 
     def remove(self, step: int) -> None:
-        """Delete this rank's files of version ``step``."""
+        """Delete this rank's files of version ``step``.
+
+        When recycling, a file with no other link becomes the spare of its name (one per
+        name) for the next version to write over; the version itself is gone either way.
+        """
         folder = self.version_dir(step)
         for path in self.files(step):
+            if self.recycle and self._keep_as_spare(path):
+                continue
             path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # the node's last rank to get here removes it
             folder.rmdir()
+
+    def _keep_as_spare(self, path: Path) -> bool:
+        spare = self.spare(path)
+        try:
+            if path.stat().st_nlink != 1 or spare.exists():
+                return False  # another level's hard link shares its blocks
+            spare.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, spare)
+        except OSError:
+            return False
+        return True
 
     def files(self, step: int) -> list[Path]:
         """This rank's files of version ``step``."""
@@ -118,7 +150,7 @@ class Level:
         return {"level": self.name}
 
 
-def link_or_write(path: Path, shard: EncodedShard, written: dict[str, Path]) -> None:
+def link_or_write(level: Level, path: Path, shard: EncodedShard, written: dict[str, Path]) -> None:
     """Hard-link a shard file written by another level in this save, else write it.
 
     Raises:
@@ -135,4 +167,4 @@ def link_or_write(path: Path, shard: EncodedShard, written: dict[str, Path]) -> 
         else:
             fsync_dir(path.parent)
             return
-    write_file(path, shard)
+    level.write_shard(path, shard)

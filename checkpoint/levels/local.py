@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..shard import EncodedShard, read_file, write_file
+from ..shard import EncodedShard, read_file
 from ..state import CheckpointError
 from .base import Level
 
@@ -22,7 +22,7 @@ class LocalLevel(Level):
     ) -> str:
         """Write this rank's shard."""
         try:
-            write_file(self.own_path(step), shard)
+            self.write_shard(self.own_path(step), shard)
         except OSError as exc:
             return f"rank {self.job.rank}: {exc.strerror or exc}"
         written[self.name] = self.own_path(step)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..shard import EncodedShard, decode_shard, encode_shard, read_bytes, write_file
+from ..shard import EncodedShard, decode_shard, encode_shard, read_bytes
 from ..state import CheckpointError
 from .base import Job, Level, link_or_write
 
@@ -133,8 +133,8 @@ class XorLevel(Level):
         self.set_comm.Reduce_scatter_block([send, MPI.BYTE], [parity, MPI.BYTE], op=MPI.BXOR)
         meta = {"parity": parity, "members": self.members, "lengths": lengths, "chunk": c}
         try:
-            link_or_write(self.own_path(step), shard, written)
-            write_file(self.parity_path(step), encode_shard(step, self.job.rank, meta))
+            link_or_write(self, self.own_path(step), shard, written)
+            self.write_shard(self.parity_path(step), encode_shard(step, self.job.rank, meta))
         except OSError as exc:
             return f"rank {self.job.rank}: {exc.strerror or exc}"
         written[self.name] = self.own_path(step)

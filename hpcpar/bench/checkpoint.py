@@ -4,13 +4,18 @@ For each state size (the job's total, split evenly over the ranks as four float3
 arrays), in the same run:
 
 - ``dd-roof``: ``dd if=/dev/zero bs=4M conv=fsync`` of each rank's share, all ranks at
-  once, into the benchmark directory (dd's own time): the disk's speed for this pattern.
+  once, into a new file in the benchmark directory (dd's own time): the disk's speed
+  for this pattern.
+- ``dd-overwrite``: the same dd over a file of that size written before
+  (``conv=notrunc,fsync``): the disk's speed when no blocks are allocated, which is what
+  hpcpar's flush meets once pruned versions' files are recycled (thin-provisioned virtual
+  disks write allocated blocks several times faster than fresh ones).
 - ``np.save+fsync`` and ``h5py-sync``: a synchronous save of the same state (the peers).
 - ``hpcpar-stall`` / ``hpcpar-stall-lazy``: the time ``Checkpointer.save()`` blocks the
   caller (memory snapshot; with ``lazy=True`` no copy at all in the caller's time).
 - ``hpcpar-flush``: the background flush, from ``save()`` returning to the commit at the
-  local level (checksums + write + fsync + collective commit), as GB/s; the ratio is
-  against ``dd-roof``.
+  local level (checksums + write + fsync + collective commit), as GB/s; the ratios are
+  against ``dd-roof`` and ``dd-overwrite``.
 - ``compute+flush``: a compute loop's time while a flush runs behind it, over its time
   alone (1.00 = no slowdown).
 - ``restore-<level>``: ``restore()`` from one level; partner and xor rebuild node 0's
@@ -111,17 +116,23 @@ def _h5_save(path: Path, state: dict[str, Any]) -> None:
         os.fsync(handle.fileno())
 
 
-def _dd(path: Path, nbytes: int) -> float:
-    """The time dd itself reports for writing ``nbytes`` with fsync (no start-up in it)."""
+def _dd(path: Path, nbytes: int, overwrite: bool = False) -> float:
+    """The time dd itself reports for writing ``nbytes`` with fsync (no start-up in it).
+
+    A new file (removed after), or with ``overwrite`` the blocks of the file left by the
+    previous call (kept; the first call allocates them).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     count = max(1, nbytes >> 22)
+    conv = "notrunc,fsync" if overwrite else "fsync"
     done = subprocess.run(
-        ["dd", "if=/dev/zero", f"of={path}", "bs=4M", f"count={count}", "conv=fsync"],
+        ["dd", "if=/dev/zero", f"of={path}", "bs=4M", f"count={count}", f"conv={conv}"],
         check=True,
         capture_output=True,
         text=True,
     )
-    path.unlink()
+    if not overwrite:
+        path.unlink()
     match = re.search(r"copied, ([0-9.]+) s", done.stderr)
     if match is None:
         raise RuntimeError(f"cannot read dd's time from: {done.stderr.strip()}")
@@ -171,6 +182,8 @@ class _Bench:
         row.doc["ratio"], row.doc["ratio_against"] = ratio, against
         rate = f"{row.doc['gbps']:7.2f}" if row.doc["gbps"] else f"{'-':>7s}"
         ratio_text = f"{ratio:.3f} vs {against}" if ratio is not None else ""
+        if "vs_dd_overwrite" in row.doc:
+            ratio_text += f", {row.doc['vs_dd_overwrite']:.3f} vs dd-overwrite"
         self.say(
             f"  {format_size(row.size):>8s} {row.variant:18s} {med:9.4f} {row.doc['min_s']:9.4f} "
             f"{row.doc['max_s']:9.4f} {row.doc['spread_pct']:7.1f} {rate}  {ratio_text}",
@@ -211,6 +224,9 @@ class _Bench:
 
             ops: dict[str, Callable[[], Any]] = {
                 "dd-roof": lambda: _slowest(comm, lambda: _dd(work / f"dd{rank}", share)),
+                "dd-overwrite": lambda: _slowest(
+                    comm, lambda: _dd(work / f"ddo{rank}", share, overwrite=True)
+                ),
                 "np.save+fsync": lambda: _slowest(
                     comm, lambda: _npy_save(work / "npy" / f"r{rank}", state)
                 ),
@@ -237,11 +253,15 @@ class _Bench:
             _, back = ck.restore()
             ok = bool(comm.allreduce(_same(state, back), op=_land()))
             self.compute_slowdown(total, ck, state)
+        (work / f"ddo{rank}").unlink(missing_ok=True)
         roof = float(np.median(times["dd-roof"]))
         h5_time = float(np.median(times["h5py-sync"]))
-        for name in ("dd-roof", "np.save+fsync", "h5py-sync", "hpcpar-flush"):
+        for name in ("dd-roof", "dd-overwrite", "np.save+fsync", "h5py-sync", "hpcpar-flush"):
             row = _row(total, name, times[name], valid=ok or name != "hpcpar-flush")
             ratio = None if name == "dd-roof" else roof / row.doc["median_s"]
+            if name == "hpcpar-flush":
+                over = float(np.median(times["dd-overwrite"])) / row.doc["median_s"]
+                row.doc["vs_dd_overwrite"] = round(over, 3)
             self.emit(row, total, ratio, "dd-roof (GB/s ratio)")
         for name in ("hpcpar-stall", "hpcpar-stall-lazy"):
             row = _row(total, name, times[name], valid=ok)

@@ -124,6 +124,8 @@ def test_bad_input(comm, tmp_path):
         Checkpointer(root / "b", comm=comm, policy={"every": {"hdf5": 5}})
     with pytest.raises(CheckpointError, match="xor_group must be an integer >= 2"):
         Checkpointer(root / "b", comm=comm, levels=["xor"], policy={"xor_group": 1})
+    with pytest.raises(CheckpointError, match=r"policy\.recycle must be true or false, not 'no'"):
+        Checkpointer(root / "b", comm=comm, policy={"recycle": "no"})
     with pytest.raises(CheckpointError, match="distinct"):
         Checkpointer(root / "b", comm=comm, levels=["local", "local"])
     if comm.Get_size() == 1:
