@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .harness import Variant, run_sweep
+from .on_vcluster import add_vcluster_arguments, run_on_vcluster
 from .registry import Benchmark, register
 
 __all__: list[str] = []
@@ -45,6 +46,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="add the cost model's prediction for each variant (a calibrated profile)",
     )
+    add_vcluster_arguments(parser)
 
 
 def _hpcpar_case(comm: Any, h: Any, collective: str, algorithm: str) -> Callable[[int], Any]:
@@ -231,6 +233,8 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
 
     from ..errors import UsageError
 
+    if args.vcluster:
+        return run_on_vcluster(comm, args)
     h = hpcpar.Hierarchy(comm, layout=args.layout)
     tune = ["auto-persistent", "autotune"] if args.collective == "allreduce" else []
     names = ["mpi", "auto", *tune, *[a for a in algorithms_for(args.collective) if a != "mpi"]]

@@ -160,25 +160,13 @@ def run_points(config: dict[str, Any], todo: Todo, done: Say) -> None:
 @contextmanager
 def _vcluster(config: dict[str, Any]) -> Iterator[None]:
     """The sweep's virtual cluster: brought up here (and down after) unless already up."""
-    from ..vcluster.netns import ClusterSpec, cluster_down, cluster_status, cluster_up
+    from ..vcluster.netns import ClusterSpec, cluster
 
     want = ClusterSpec(config["vcluster"]["nodes"], config["vcluster"].get("link"))
-    have = cluster_status()
-    if have is not None:
-        if (have.nodes, have.link) != (want.nodes, want.link):
-            raise UsageError(
-                f"experiment: a virtual cluster of {have.nodes} node(s), links "
-                f"{have.link or 'unshaped'}, is up; the sweep asks for {want.nodes}, "
-                f"{want.link or 'unshaped'}: run 'hpcpar vcluster down' first"
-            )
+    with cluster(want, "experiment") as warnings:
+        for warning in warnings:
+            print(f"hpcpar experiment: warning: {warning}", flush=True)
         yield
-        return
-    for warning in cluster_up(want):
-        print(f"hpcpar experiment: warning: {warning}", flush=True)
-    try:
-        yield
-    finally:
-        cluster_down()
 
 
 _SCRIPT = """\

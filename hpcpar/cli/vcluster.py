@@ -25,6 +25,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     run = sub.add_parser("run", help="run an MPI job across the virtual nodes")
     run.add_argument("--ppn", type=int, default=1, help="ranks per virtual node (default 1)")
     run.add_argument(
+        "--distribution",
+        choices=("block", "cyclic"),
+        default="block",
+        help="block: ranks 0..ppn-1 on the first node (default); cyclic: rank r on node "
+        "r mod nodes (Slurm's --distribution=cyclic)",
+    )
+    run.add_argument(
         "--timeout", type=float, default=None, metavar="S", help="kill the job after S seconds"
     )
     run.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
@@ -89,7 +96,8 @@ def _run_job(spec: Any, args: argparse.Namespace, known: Any) -> int:
     mpi = find_mpi()
     if mpi.vendor != "mpich" or mpi.mpiexec is None:
         raise UsageError(f"vcluster run needs MPICH's hydra mpiexec; this MPI is {mpi.version}")
-    argv = plan_run(spec, args.ppn, rank_command(command, known), mpi.mpiexec)
+    cyclic = getattr(args, "distribution", "block") == "cyclic"
+    argv = plan_run(spec, args.ppn, rank_command(command, known), mpi.mpiexec, cyclic)
     ranks = spec.nodes * args.ppn
     import os
 

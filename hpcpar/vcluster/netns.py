@@ -12,17 +12,20 @@ failed ``up`` cleans up after itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import HpcparError
 
 __all__ = [
+    "cluster",
     "network_env",
     "ClusterSpec",
     "VClusterError",
@@ -247,9 +250,16 @@ def network_env(environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
     return {k: v for k, v in wanted.items() if k not in environ}
 
 
-def plan_run(spec: ClusterSpec, ppn: int, rank_argv: list[str], mpiexec: str) -> list[str]:
-    """The mpiexec command line that runs ``rank_argv`` on every virtual node."""
-    hosts = ",".join(f"vnode{i}:{ppn}" for i in range(spec.nodes))
+def plan_run(
+    spec: ClusterSpec, ppn: int, rank_argv: list[str], mpiexec: str, cyclic: bool = False
+) -> list[str]:
+    """The mpiexec command line that runs ``rank_argv`` on every virtual node.
+
+    Ranks fill the nodes in blocks of ``ppn`` (ranks 0..ppn-1 on vnode0), or with
+    ``cyclic`` are dealt one per node in turn (rank r on node r mod N), as Slurm's
+    ``--distribution=cyclic`` and Open MPI's ``--map-by node`` place them.
+    """
+    hosts = ",".join(f"vnode{i}:{1 if cyclic else ppn}" for i in range(spec.nodes))
     return [
         mpiexec,
         "-launcher",
@@ -264,3 +274,30 @@ def plan_run(spec: ClusterSpec, ppn: int, rank_argv: list[str], mpiexec: str) ->
         str(spec.nodes * ppn),
         *rank_argv,
     ]
+
+
+@contextlib.contextmanager
+def cluster(spec: ClusterSpec, who: str) -> Iterator[list[str]]:
+    """A virtual cluster of ``spec``'s shape for the ``with`` block (warnings as value).
+
+    One already up with the same nodes and link is used and left up; none is brought up
+    here and always taken down after, also when the block fails.
+
+    Raises:
+        VClusterError: another shape is up (both named), or ``up`` failed.
+    """
+    have = cluster_status()
+    if have is not None:
+        if (have.nodes, have.link) != (spec.nodes, spec.link):
+            raise VClusterError(
+                f"{who}: a virtual cluster of {have.nodes} node(s), links "
+                f"{have.link or 'unshaped'}, is up; this asks for {spec.nodes}, "
+                f"{spec.link or 'unshaped'}: run 'hpcpar vcluster down' first"
+            )
+        yield []
+        return
+    warnings = cluster_up(spec)
+    try:
+        yield warnings
+    finally:
+        cluster_down()

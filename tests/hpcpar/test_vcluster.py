@@ -77,6 +77,9 @@ def test_setup_and_run_plans():
         "python",
         "x.py",
     ]
+    cyclic = plan_run(spec, 2, ["python", "x.py"], "/opt/mpich/bin/mpiexec", cyclic=True)
+    assert cyclic[cyclic.index("-hosts") + 1] == "vnode0:1,vnode1:1,vnode2:1"
+    assert cyclic[cyclic.index("-n") + 1] == "6"
 
 
 def test_bad_input_is_one_line():
@@ -85,6 +88,9 @@ def test_bad_input_is_one_line():
         (["vcluster", "up", "--nodes", "2", "--link", "fast"], "bad --link"),
         (["vcluster", "up", "--nodes", "2", "--subnet", "192.168.1"], "bad --subnet"),
         (["vcluster"], "name an action"),
+        (["bench", "collectives", "--vcluster", "2"], "expected NODESxRANKS such as 2x2"),
+        (["bench", "collectives", "--vcluster", "2x2", "--layout", "ppn:2"], "drop --layout"),
+        (["bench", "collectives", "--vcluster", "2x2", "--link", "x"], "bad --link"),
     ):
         proc = hpcpar(*args)
         assert proc.returncode == 2, proc.stderr
@@ -165,6 +171,17 @@ def test_collectives_across_tcp_node_boundaries(cluster):
     )
     assert demo.returncode == 0 and "on 2 node(s), even (real nodes)" in demo.stdout
     assert "vnode0" in demo.stdout and "vnode1" in demo.stdout
+    where = (
+        "import socket, hpcpar; print('at', hpcpar.default_comm().Get_rank(), socket.gethostname())"
+    )
+    cyclic = hpcpar(
+        "vcluster", "run", "--ppn", "2", "--distribution", "cyclic", "--timeout", "60",
+        "--", "python", "-c", where, timeout=90,
+    )  # fmt: skip
+    placed = sorted(line.split()[1:] for line in cyclic.stdout.splitlines() if line[:3] == "at ")
+    assert placed == [["0", "vnode0"], ["1", "vnode1"], ["2", "vnode0"], ["3", "vnode1"]], (
+        cyclic.stdout + cyclic.stderr
+    )
 
 
 def test_run_without_a_cluster_is_an_error():
@@ -220,3 +237,31 @@ size = ["8", "bogus"]
     finally:
         hpcpar("vcluster", "down")
     assert leftovers() == []
+
+
+@needs_namespaces
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bench_collectives_on_the_vcluster_in_one_command(tmp_path):
+    """``bench collectives --vcluster 2x2``: cluster up, calibrate, sweep, down."""
+    import json
+
+    hpcpar("vcluster", "down")
+    out = tmp_path / "vc"
+    proc = hpcpar(
+        "bench", "collectives", "--vcluster", "2x2", "--distribution", "cyclic",
+        "--link", "50us,1gbit", "--no-gloo", "--algorithms", "auto,two_level",
+        "--min-size", "64KiB", "--max-size", "64KiB", "--repeats", "1", "--min-time", "0.01",
+        "--output", str(out), timeout=560,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert leftovers() == []
+    doc = json.loads((tmp_path / "vc.json").read_text())
+    assert doc["metadata"]["ranks"] == 4
+    rows = {row["variant"]: row for row in doc["results"]}
+    assert {"mpi-direct", "auto", "two_level"} <= set(rows)
+    assert all(row["valid"] for row in rows.values())
+    assert rows["two_level"]["predicted_us"] > 0  # the profile calibrated on the cluster
+    profile = json.loads((tmp_path / "vc-profile.json").read_text())
+    assert profile["calibrated"] and "calibrated on vnode" in profile["name"]
+    assert profile["mpi_library"]["allreduce"]["ranks"] == 4
