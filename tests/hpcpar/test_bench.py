@@ -133,7 +133,8 @@ def test_checkpoint_benchmark_end_to_end(comm, tmp_path, capsys):
         assert out.startswith("# hpcpar bench checkpoint")
         rows = json.loads(open(f"{folder}/ck.json").read())["results"]
         names = {r["variant"] for r in rows}
-        expect = {"dd-roof", "np.save+fsync", "h5py-sync", "hpcpar-stall", "hpcpar-flush"}
+        expect = {"dd-roof", "dd-overwrite", "np.save+fsync", "h5py-sync", "hpcpar-stall"}
+        expect |= {"hpcpar-flush"}
         expect |= {"restore-local", "restore-hdf5", "compute+flush", "hpcpar-stall-lazy"}
         if layout:
             expect |= {"restore-partner", "restore-xor"}
