@@ -289,14 +289,19 @@ class Checkpointer:
 
     def _prune(self, level: Level) -> None:
         # rank 0's listing for all: another rank listing while rank 0 unlinks would see less
-        stale = self.comm.bcast(
-            level.committed()[self.keep[level.name] :] if self.rank == 0 else None
-        )
-        for old in stale:
+        committed = self.comm.bcast(level.committed() if self.rank == 0 else None)
+        for old in committed[self.keep[level.name] :]:
             if self.rank == 0:
                 level.marker(old).unlink(missing_ok=True)
             self.comm.Barrier()  # nobody deletes a file of a still-committed version
             level.remove(old)
+        # files of versions that never committed (a job killed while writing them) and
+        # never will: older than the newest committed one, which restore always prefers
+        if committed:
+            kept = set(committed)
+            for orphan in level.steps_on_disk():
+                if orphan < committed[0] and orphan not in kept:
+                    level.remove(orphan)
 
     def _drain(self) -> None:
         """Wait for every queued flush, pruning included (before any collective here)."""

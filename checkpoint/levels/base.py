@@ -13,6 +13,7 @@ from ..shard import EncodedShard, fsync_dir, write_file
 __all__ = ["Job", "Level"]
 
 _MARKER = re.compile(r"^v(\d{12})\.committed$")
+_VERSION = re.compile(r"^v(\d{12})$")
 
 
 class Job:
@@ -86,6 +87,15 @@ class Level:
         """Where this level keeps a node's files of version ``step``."""
         return self.job.node_dir(node) / self.name / f"v{step:012d}"
 
+    def steps_on_disk(self) -> list[int]:
+        """Versions with a directory where this rank's files of this level go."""
+        folder = self.version_dir(0).parent
+        try:
+            names = [p.name for p in folder.iterdir()]
+        except OSError:
+            return []
+        return sorted(int(m.group(1)) for n in names if (m := _VERSION.match(n)))
+
     def own_path(self, step: int) -> Path:
         """This rank's own shard of version ``step``."""
         return self.version_dir(step) / f"rank{self.job.rank}.shard"
@@ -124,6 +134,7 @@ class Level:
         """
         folder = self.version_dir(step)
         for path in self.files(step):
+            path.with_name(f".{path.name}.tmp").unlink(missing_ok=True)  # a write cut short
             if self.recycle and self._keep_as_spare(path):
                 continue
             path.unlink(missing_ok=True)

@@ -267,3 +267,35 @@ def test_pruned_files_are_written_over_by_later_versions(comm, tmp_path, recycle
             rows = verify(root)
             assert rows and not [row for row in rows if row[4]], rows
         comm.Barrier()
+
+
+def test_files_of_versions_that_never_committed_are_removed(comm, tmp_path):
+    """A job killed while writing leaves files of a version with no marker; once a newer
+    version commits they are deleted (temporary names too), newer ones are left alone."""
+    import shutil
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    root = shared_dir(comm, tmp_path) / "orphans"
+    levels = ["local", "partner", "hdf5"] if size > 1 else ["local", "hdf5"]
+    with hpcpar.Hierarchy(comm, layout="ppn:1") as h:
+        save_versions(root, h, levels, steps=(1, 2))
+
+        def fake_crashes():  # copies of version 2's files as versions 3 and 9, uncommitted
+            for level in levels:
+                for old in sorted(root.glob(f"**/{level}/v{2:012d}")):
+                    for step in (3, 9):
+                        new = old.with_name(f"v{step:012d}")
+                        shutil.copytree(old, new)
+                        for path in new.glob("rank*"):
+                            path.rename(path.with_name(f".{path.name}.tmp"))
+                            break  # one file as a write cut short, the rest whole
+
+        on_rank0(comm, fake_crashes)
+        with Checkpointer(root, comm=h, levels=levels) as ck:
+            assert_all(ck.committed()["local"] == [2, 1], f"{ck.committed()}", comm)
+            ck.save(4, state_of(rank, 4)).wait()
+        left = {p.name for p in root.glob("**/v*") if p.is_dir()}
+        assert_all(f"v{3:012d}" not in left, f"version 3 left: {sorted(left)}", comm)
+        assert_all(f"v{9:012d}" in left, "version 9 (newer) was removed", comm)
+        step, got, served = restore(root, h, levels)
+        check(comm, step, got, 4, served, ["local"] * size)
