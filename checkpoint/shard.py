@@ -1,6 +1,6 @@
 """One rank's shard of a version as a single self-checking file.
 
-Layout: the arrays' bytes (each 64-byte aligned), then a JSON manifest (one CRC-32 per
+Layout: the arrays' bytes (each 64-byte aligned), then a JSON manifest (one CRC-32C per
 array, its dtype, shape and offset; numbers and strings inline), then a 24-byte trailer
 (magic, manifest length, CRC-32 of the manifest). A truncated file loses its trailer, a
 flipped byte breaks a checksum, so a damaged shard is always detected, never decoded into
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from . import checksum
 from .state import CheckpointError
 
 __all__ = [
@@ -64,7 +65,7 @@ def write_atomic(path: Path, text: str) -> None:
 class EncodedShard:
     """A shard ready to write or send.
 
-    The array bytes (``body``) can be written at once; the manifest with their CRC-32s is
+    The array bytes (``body``) can be written at once; the manifest with their CRC-32Cs is
     computed on a helper thread meanwhile (hashing releases the GIL), and ``tail()`` waits
     for it, so checksumming overlaps with writing.
 
@@ -93,7 +94,7 @@ class EncodedShard:
             for name in sorted(self._entries):
                 entry = dict(self._entries[name])
                 if entry.pop("raw", None) is not None:
-                    entry["crc32"] = next(names)
+                    entry[checksum.KEY] = next(names)
                 entries[name] = entry
             manifest = json.dumps(
                 {
@@ -128,7 +129,7 @@ class EncodedShard:
 
 
 def _hash_all(arrays: list[np.ndarray], out: list[str]) -> None:
-    out.extend(f"{zlib.crc32(memoryview(a)):08x}" for a in arrays)
+    out.extend(checksum.digest(a) for a in arrays)
 
 
 def encode_shard(step: int, rank: int, flat: dict[str, Any]) -> EncodedShard:
@@ -204,7 +205,7 @@ def decode_shard(
         if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != nbytes:
             raise CheckpointError(f"{where}: {name!r} has the wrong size for its shape")
         raw = data[offset : offset + nbytes]
-        if verify and f"{zlib.crc32(memoryview(raw)):08x}" != entry.get("crc32"):
+        if verify and not checksum.matches(entry, raw, where):
             raise CheckpointError(f"{where}: checksum of {name!r} does not match")
         flat[name] = raw.view(dtype).reshape(shape) if nbytes else np.zeros(shape, dtype)
     return flat

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .. import checksum
 from ..shard import EncodedShard, fsync_dir
 from ..state import CheckpointError
 from .base import Level
@@ -25,8 +25,8 @@ __all__ = ["Hdf5Level", "write_h5", "read_h5"]
 _VALUES = "hpcpar_values"
 
 
-def _crc(array: np.ndarray) -> str:
-    return f"{zlib.crc32(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))):08x}"
+def _bytes(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
 def write_h5(path: Path, step: int, rank: int, flat: dict[str, Any]) -> None:
@@ -59,7 +59,7 @@ def write_h5(path: Path, step: int, rank: int, flat: dict[str, Any]) -> None:
                     ds = f.create_dataset(name, data=array.reshape(-1).view(np.uint8))
                     ds.attrs["hpcpar_dtype"] = array.dtype.str
                     ds.attrs["hpcpar_shape"] = list(array.shape)
-                ds.attrs["crc32"] = _crc(array)
+                ds.attrs[checksum.KEY] = checksum.digest(_bytes(array))
             f.attrs[_VALUES] = json.dumps(values)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
@@ -100,8 +100,8 @@ def read_h5(path: Path, step: int, rank: int) -> dict[str, Any]:
                         raise CheckpointError(f"{path}: {name!r} asks for Python objects")
                     array = array.view(dtype).reshape([int(x) for x in ds.attrs["hpcpar_shape"]])
                 array = np.asarray(array)
-                raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-                if _crc(raw) != ds.attrs.get("crc32"):
+                record = {k: str(v) for k, v in ds.attrs.items() if k in ("crc32", "crc32c")}
+                if not checksum.matches(record, _bytes(array), str(path)):
                     raise CheckpointError(f"{path}: checksum of {name!r} does not match")
                 flat[name] = array
     except CheckpointError:

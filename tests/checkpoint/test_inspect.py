@@ -91,3 +91,40 @@ def test_object_dtypes_in_a_manifest_are_refused(tmp_path):
         faults.parse_fault("kill=later")
     with pytest.raises(CheckpointError, match="bad entry"):
         faults.parse_fault("explode=1")
+
+
+def _shard_bytes(x, record):
+    """A one-array shard written by hand with the checksum ``record`` (no hpcpar code)."""
+    import json
+    import struct
+    import zlib
+
+    entry = {"offset": 0, "nbytes": x.nbytes, "dtype": x.dtype.str, "shape": list(x.shape)}
+    doc = {"format": "hpcpar-shard", "step": 1, "rank": 0, "entries": {"x": {**entry, **record}}}
+    manifest = json.dumps(doc).encode()
+    trailer = struct.pack("<8sQI4x", b"HPCPARS1", len(manifest), zlib.crc32(manifest))
+    return np.frombuffer(x.tobytes() + manifest + trailer, np.uint8).copy()
+
+
+def test_shards_checksummed_with_crc32c_or_zlib_crc32_both_read():
+    """New shards carry CRC-32C (the crc32c package; checked here against its published
+    test vector); shards written with zlib's CRC-32 by earlier versions still verify."""
+    import zlib
+
+    import crc32c
+    from hpcpar.checkpoint import CheckpointError
+
+    assert crc32c.crc32c(b"123456789") == 0xE3069283  # RFC 3720's check value
+    x = np.arange(100, dtype=np.float64)
+    written = encode_shard(1, 0, {"x": x}).join()
+    manifest_text = written.tobytes()
+    assert b'"crc32c":"' + f"{crc32c.crc32c(x.tobytes()):08x}".encode() in manifest_text
+    for record in ({"crc32": f"{zlib.crc32(x.tobytes()):08x}"},
+                   {"crc32c": f"{crc32c.crc32c(x.tobytes()):08x}"}):  # fmt: skip
+        data = _shard_bytes(x, record)
+        assert np.array_equal(decode_shard(data.copy(), 1, 0)["x"], x)
+        data[5] ^= 1  # a flipped bit in the array
+        with pytest.raises(CheckpointError, match="checksum of 'x' does not match"):
+            decode_shard(data, 1, 0)
+    with pytest.raises(CheckpointError, match="checksum of 'x' does not match"):
+        decode_shard(_shard_bytes(x, {}), 1, 0)  # no checksum at all: refused
