@@ -156,7 +156,7 @@ class Checkpointer:
             lambda: [makers[n](self.job) for n in names if n in makers]
         )
         for level in self.levels:
-            level.recycle = recycle
+            level.recycle = recycle and level.recyclable
         self.memory = "memory" in names
         self._snapshot: tuple[int, dict[str, Any]] | None = None
         self._buffers = _Buffers()

@@ -50,10 +50,11 @@ class Level:
     """
 
     name = "level"
+    recyclable = True  # whether its writes can go over a pruned file's blocks
 
     def __init__(self, job: Job) -> None:
         self.job = job
-        self.recycle = True  # the manager sets the policy's choice
+        self.recycle = self.recyclable  # the manager applies the policy's choice
 
     # ---- files ------------------------------------------------------------------------
 

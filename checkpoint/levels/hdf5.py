@@ -115,6 +115,7 @@ class Hdf5Level(Level):
     """``root/hdf5/v<step>/rank<R>.h5`` plus ``index.h5`` (external links)."""
 
     name = "hdf5"
+    recyclable = False  # h5py writes its own files: a spare would never be written over
 
     def version_dir(self, step: int, node: int | None = None) -> Path:
         """In the shared root, not on a node."""

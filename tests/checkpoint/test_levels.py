@@ -297,5 +297,7 @@ def test_files_of_versions_that_never_committed_are_removed(comm, tmp_path):
         left = {p.name for p in root.glob("**/v*") if p.is_dir()}
         assert_all(f"v{3:012d}" not in left, f"version 3 left: {sorted(left)}", comm)
         assert_all(f"v{9:012d}" in left, "version 9 (newer) was removed", comm)
+        unused = list(root.glob("nodes/*/hdf5"))  # the HDF5 level keeps no spares
+        assert_all(not unused, f"HDF5 spares: {unused}", comm)
         step, got, served = restore(root, h, levels)
         check(comm, step, got, 4, served, ["local"] * size)
