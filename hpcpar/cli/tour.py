@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -89,6 +90,8 @@ def _sgd_jobs(folder: Path) -> tuple[bool, str]:
                               check=False)  # fmt: skip
 
     plain = job("sgd-plain.json")
+    # a checkpoint left by an earlier demo in this folder would be resumed, not killed
+    shutil.rmtree(folder / "sgd-checkpoint", ignore_errors=True)
     killed = job("sgd.json", *ck, HPCPAR_CHECKPOINT_FAULT="kill=after-commit,step=60,rank=1")
     resumed = job("sgd.json", *ck)
     (folder / "sgd.log").write_text("\n".join(
