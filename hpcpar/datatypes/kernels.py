@@ -27,6 +27,7 @@ __all__ = [
     "copy_kernels",
     "copy_op",
     "run_copies",
+    "replay",
     "strided_copy",
     "copy_array",
 ]
@@ -111,6 +112,28 @@ def run_copies(ops: list[tuple[Any, np.ndarray, np.ndarray]]) -> None:
     """Run copies that ``copy_kernels`` or ``copy_op`` prepared."""
     for copy, dst, src in ops:
         copy(dst, src)
+
+
+def replay(ops: list[tuple[Any, np.ndarray, np.ndarray]]) -> Any:
+    """A function of no arguments that runs ``ops`` again, with as little Python as possible.
+
+    One contiguous copy becomes a memoryview slice assignment (a memmove), about half a
+    microsecond cheaper than ``np.copyto``: on a 128 KiB face that is a sixth of the time.
+    """
+    if len(ops) != 1:
+        return functools.partial(run_copies, ops)
+    copy, dst, src = ops[0]
+    if (
+        copy is np.copyto
+        and dst.ndim == src.ndim == 1
+        and dst.dtype == src.dtype == np.uint8
+        and dst.size == src.size
+        and dst.flags.c_contiguous
+        and src.flags.c_contiguous
+        and dst.size < PARALLEL_BYTES
+    ):
+        return functools.partial(memoryview(dst).__setitem__, slice(None), memoryview(src))
+    return functools.partial(copy, dst, src)
 
 
 def strided_copy(dst: np.ndarray, src: np.ndarray) -> None:

@@ -17,7 +17,7 @@ from mpi4py import MPI
 from .decode import decode_layout
 from .errors import DatatypeError
 from .ir import Item, Repeat, Strided, canonical, packed_size, replicate, span
-from .kernels import copy_kernels, flatten, run_copies, strided_copy
+from .kernels import copy_kernels, flatten, replay, strided_copy
 
 __all__ = ["Plan", "plan"]
 
@@ -99,7 +99,7 @@ class Plan:
         last = self._memo.get("last pack")
         if last is not None and last[0] is src and last[1] is out and last[2] == (count, origin):
             # the same buffers as the previous call: every check and copy still holds
-            run_copies(last[3])
+            last[3]()
             return last[4]
         self._check(count)
         need = self.size * count
@@ -115,7 +115,7 @@ class Plan:
         self._bounds(area, origin, count, "src")
         ops = copy_kernels(self._kernels(count), area, packed, origin, pack=True, keys=(src, out))
         if out is not None:  # remember the buffers: a loop packing them again skips the checks
-            self._memo["last pack"] = (src, out, (count, origin), ops, packed)
+            self._memo["last pack"] = (src, out, (count, origin), replay(ops), packed)
         return packed
 
     def unpack(self, buf: Any, dst: Any, *, count: int = 1, origin: int = 0) -> Any:
@@ -128,7 +128,7 @@ class Plan:
         last = self._memo.get("last unpack")
         if last is not None and last[0] is buf and last[1] is dst and last[2] == (count, origin):
             # the same buffers as the previous call: every check and copy still holds
-            run_copies(last[3])
+            last[3]()
             return dst
         self._check(count)
         need = self.size * count
@@ -151,7 +151,7 @@ class Plan:
         self._bounds(area, origin, count, "dst")
         ops = copy_kernels(self._kernels(count), area, packed[:need], origin, pack=False,
                            keys=(dst, buf))  # fmt: skip
-        self._memo["last unpack"] = (buf, dst, (count, origin), ops)
+        self._memo["last unpack"] = (buf, dst, (count, origin), replay(ops))
         return dst
 
     def _bounds(self, area: np.ndarray, origin: int, count: int, name: str) -> None:
