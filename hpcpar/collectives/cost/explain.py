@@ -9,7 +9,7 @@ from ..errors import CollectiveError
 from ..names import COLLECTIVES
 from ..pipelined import segment_elements
 from .counts import Layout
-from .model import Prediction, rank_algorithms
+from .model import TIE, Prediction, rank_algorithms
 from .profile import Profile, active_profile, default_profile
 
 __all__ = ["Plan", "explain", "plan_for", "auto_choice"]
@@ -120,6 +120,11 @@ def plan_for(
         reason = f"fastest predicted ({best.seconds * 1e6:.1f} us)" + (
             f"; next {runner.algorithm} at {runner.seconds * 1e6:.1f} us" if runner else ""
         )
+        if runner and runner.seconds <= best.seconds * (1 + TIE) and runner.algorithm != "mpi":
+            reason += (
+                f" (a tie within {TIE:.1%}: fewer messages over all ranks, "
+                f"{best.messages} against {runner.messages})"
+            )
         library = next((pred for pred in ranking if pred.algorithm == "mpi"), None)
         if chosen != "mpi" and library and best.seconds >= library.seconds * (1 - active.margin):
             chosen = "mpi"

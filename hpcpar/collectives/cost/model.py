@@ -12,6 +12,12 @@ representative ranks stand in for all (first and last of nodes, fold boundaries)
 The MPI library's own call is priced from its measured table in the profile when
 there is one, otherwise as the best classic flat algorithm without hpcpar's overheads;
 either way plus what running it through hpcpar adds (``library_call_s``).
+
+Predictions within ``TIE`` (0.2%) of each other are ranked by the messages every rank
+sends in all (fewest first): the slowest rank's path is the same, and the other ranks'
+messages compete with it for the cores and the link, which the path does not see. On 2
+virtual nodes x 2 ranks the two-level and multi-leader allreduce tie on small vectors
+and multi-leader (every rank crossing the link) measured 1.2-1.4x slower.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ from .counts import (
 )
 from .profile import Profile
 
-__all__ = ["Prediction", "predict", "rank_algorithms", "representatives", "CLASSIC"]
+__all__ = ["Prediction", "predict", "rank_algorithms", "representatives", "CLASSIC", "TIE"]
+
+TIE = 0.002  # predictions this close (relative) count as tied
 
 CLASSIC = {
     "allreduce": ("recursive_doubling", "rabenseifner", "ring"),
@@ -58,6 +66,8 @@ class Prediction:
         worst_rank: The rank that sets the time.
         counts: That rank's messages and bytes (None for the library's own call).
         note: How the figure was obtained, when not from the counts.
+        messages: Messages the representative ranks send in all (0 for the library's
+            call, whose messages hpcpar cannot see).
     """
 
     algorithm: str
@@ -66,6 +76,7 @@ class Prediction:
     worst_rank: int = 0
     counts: Counts | None = None
     note: str = ""
+    messages: int = 0
 
 
 def representatives(layout: Layout, limit: int = 64) -> list[int]:
@@ -152,27 +163,32 @@ def predict(
     if algorithm == "mpi":
         return _library(collective, layout, count, itemsize, profile, root, counts)
     worst: Prediction | None = None
+    messages = 0
     for rank in representatives(layout):
+        c = counts_for(
+            collective,
+            algorithm,
+            layout,
+            rank,
+            count,
+            itemsize,
+            root=root,
+            counts=counts,
+            commutative=commutative,
+        )
+        assert c is not None
+        messages += c.messages_intra + c.messages_inter
         if algorithm == "pipelined" and collective in ("allreduce", "bcast"):
             parts = _pipelined(collective, layout, rank, count, itemsize, profile, root)
-            c = None
         else:
-            c = counts_for(
-                collective,
-                algorithm,
-                layout,
-                rank,
-                count,
-                itemsize,
-                root=root,
-                counts=counts,
-                commutative=commutative,
-            )
-            parts = _price(c, profile, _sharing(algorithm, layout, rank))  # type: ignore[arg-type]
+            parts = _price(c, profile, _sharing(algorithm, layout, rank))
         total = sum(parts.values())
         if worst is None or total > worst.seconds:
-            worst = Prediction(algorithm, total, parts, rank, c)
+            worst = Prediction(
+                algorithm, total, parts, rank, None if algorithm == "pipelined" else c
+            )
     assert worst is not None
+    worst.messages = messages
     return worst
 
 
@@ -207,6 +223,7 @@ def _library(
         parts,
         best.worst_rank,
         note=f"modelled as {best.algorithm} (no library timings in the profile)",
+        messages=best.messages,
     )
 
 
@@ -243,4 +260,30 @@ def rank_algorithms(
             )
         )
     # On a tie, prefer a concrete algorithm to the library modelled as that algorithm.
-    return sorted(out, key=lambda pred: (pred.seconds, pred.note.startswith("modelled")))
+    ranked = sorted(out, key=lambda pred: (pred.seconds, pred.note.startswith("modelled")))
+    return _break_ties(ranked)
+
+
+def _break_ties(ranked: list[Prediction]) -> list[Prediction]:
+    """Within each run of predictions ``TIE`` of its fastest, fewest messages first.
+
+    The library's call (no counted messages) keeps its place ahead of hpcpar's schedules
+    in a tie, as ``auto`` prefers it within the profile's margin anyway; the library
+    modelled as an algorithm stays behind that algorithm.
+    """
+    out: list[Prediction] = []
+    i = 0
+    while i < len(ranked):
+        j = i + 1
+        while j < len(ranked) and ranked[j].seconds <= ranked[i].seconds * (1 + TIE):
+            j += 1
+        out += sorted(
+            ranked[i:j],
+            key=lambda pred: (
+                pred.algorithm != "mpi" or pred.note.startswith("modelled"),
+                pred.messages,
+                pred.note.startswith("modelled"),
+            ),
+        )
+        i = j
+    return out
