@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import binomial, rabenseifner, recursive_doubling
+from . import binomial, rabenseifner, recursive_doubling, ring
 from .call import Call
 from .channel import Channel, offsets
 from .schedule import Schedule
@@ -17,6 +17,7 @@ from .schedule import Schedule
 __all__ = [
     "allreduce",
     "leaders_allreduce",
+    "leaders_use_ring",
     "reduce",
     "bcast",
     "allgather",
@@ -26,10 +27,34 @@ __all__ = [
 
 # Above this many bytes the leaders use Rabenseifner's bandwidth-optimal allreduce.
 LARGE_BYTES = 64 * 1024
+# ... or, when they are not a power of two and the op commutes, the ring once each of its
+# blocks is at least this large (per leader: its extra latencies are then paid for).
+RING_BLOCK_BYTES = 32 * 1024
+
+
+def leaders_use_ring(p: int, nbytes: int, commutative: bool) -> bool:
+    """Whether ``p`` leaders allreduce ``nbytes`` with the ring rather than Rabenseifner.
+
+    Rabenseifner on a count that is not a power of two folds the extra ranks in and out:
+    their partners receive and send the whole vector before and after the halving, so
+    at 3 leaders the slowest one moves 3x the vector over its link where the ring moves
+    4/3x (MPICH's node-aware allreduce folds the same way). The ring pays 2(p-1)
+    latencies against 2 log2(p) + 2, so it is taken only for blocks of at least
+    ``RING_BLOCK_BYTES``; it combines in ring order, so only for commutative ops.
+    """
+    return (
+        commutative
+        and p > 2
+        and p & (p - 1) != 0
+        and nbytes >= max(LARGE_BYTES, p * RING_BLOCK_BYTES)
+    )
 
 
 def leaders_allreduce(ch: Channel, buf: np.ndarray, op: object) -> Schedule:
     """Allreduce among leaders (or rails): latency- or bandwidth-optimal by size."""
+    if leaders_use_ring(ch.size, buf.nbytes, bool(getattr(op, "commutative", False))):
+        yield from ring.allreduce(ch, buf, op)
+        return
     inner = rabenseifner if buf.nbytes >= LARGE_BYTES else recursive_doubling
     yield from inner.allreduce(ch, buf, op)
 

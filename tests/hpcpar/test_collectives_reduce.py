@@ -18,6 +18,8 @@ LAYOUTS = [
     for lay in layouts_for(SIZE)
     if lay in (None, "ppn:2", "nodes:2,1", "nodes:1,3", "roundrobin:2")
 ]
+# three nodes: three leaders (a count that is not a power of two) switch to the ring
+LAYOUTS += {3: ["ppn:1"], 4: ["nodes:2,1,1"]}.get(SIZE, [])
 COUNTS = [0, 1, 13, 3 * 2**20 // 8]  # empty, one, a prime, 3 MiB of float64
 
 

@@ -80,6 +80,18 @@ def test_allreduce_bcast_reduce_counts(comm, layout, monkeypatch):
                 ),
             )
         )
+        # a non-commutative op keeps the leaders on Rabenseifner (the ring reorders)
+        z = contribution(rank, 20_000, [("m", "f8"), ("c", "f8")])
+        for algorithm in ("two_level", "pipelined"):
+            hpcpar.allreduce(z, affine, comm=h, algorithm=algorithm)
+            problems.append(
+                check(
+                    comm,
+                    h,
+                    f"allreduce {algorithm} non-commutative",
+                    counts_for("allreduce", algorithm, lay, rank, 20_000, 16, commutative=False),
+                )
+            )
     bad = [p for p in problems if p]
     assert_all(not bad, f"layout {layout}: {bad[:3]}", comm)
     h.free()

@@ -21,7 +21,7 @@ from ..channel import even_counts, offsets
 from ..multi_leader import slice_counts
 from ..pipelined import segment_elements
 from ..recursive_doubling import fold, new_rank, real_rank
-from ..two_level import LARGE_BYTES
+from ..two_level import LARGE_BYTES, leaders_use_ring
 
 __all__ = ["Counts", "counts_for", "Layout"]
 
@@ -219,7 +219,12 @@ def _rabenseifner_allreduce(c: Counts, nodes: list[int], me: int, n: int, item: 
     _unfold(c, nodes, me, n * item, rem)
 
 
-def _leaders_allreduce(c: Counts, nodes: list[int], me: int, n: int, item: int) -> None:
+def _leaders_allreduce(
+    c: Counts, nodes: list[int], me: int, n: int, item: int, commutative: bool
+) -> None:
+    if leaders_use_ring(len(nodes), n * item, commutative):
+        _ring_allreduce(c, nodes, me, n, item)
+        return
     inner = _rabenseifner_allreduce if n * item >= LARGE_BYTES else _rd_allreduce
     inner(c, nodes, me, n, item)
 
@@ -334,7 +339,9 @@ def _groups(layout: Layout, rank: int) -> _Groups:
 # ---- per collective -------------------------------------------------------------------------
 
 
-def _allreduce(c: Counts, g: _Groups, algorithm: str, rank: int, n: int, item: int) -> None:
+def _allreduce(
+    c: Counts, g: _Groups, algorithm: str, rank: int, n: int, item: int, commutative: bool
+) -> None:
     if algorithm == "ring":
         _ring_allreduce(c, g.flat, rank, n, item)
     elif algorithm == "recursive_doubling":
@@ -344,14 +351,14 @@ def _allreduce(c: Counts, g: _Groups, algorithm: str, rank: int, n: int, item: i
     elif algorithm == "two_level":
         _binomial_reduce(c, g.node, g.local, n * item, 0)
         if g.leaders is not None:
-            _leaders_allreduce(c, g.leaders, g.node_index, n, item)
+            _leaders_allreduce(c, g.leaders, g.node_index, n, item, commutative)
         _binomial_bcast(c, g.node, g.local, n * item, 0)
     elif algorithm == "multi_leader":
         slices = min(len(r) for r in g.node_ranks)
         counts = slice_counts(n, len(g.node), slices)
         _ring_reduce_scatter(c, g.node, g.local, counts, item)
         if g.local < slices:
-            _leaders_allreduce(c, g.rail, g.rail_me, counts[g.local], item)
+            _leaders_allreduce(c, g.rail, g.rail_me, counts[g.local], item, commutative)
         _ring_allgather(c, g.node, g.local, counts, item)
     elif algorithm == "pipelined":
         step = segment_elements(item)
@@ -359,7 +366,7 @@ def _allreduce(c: Counts, g: _Groups, algorithm: str, rank: int, n: int, item: i
             m = min(step, n - start) if n else 0
             _binomial_reduce(c, g.node, g.local, m * item, 0)
             if g.leaders is not None:
-                _leaders_allreduce(c, g.leaders, g.node_index, m, item)
+                _leaders_allreduce(c, g.leaders, g.node_index, m, item, commutative)
             _binomial_bcast(c, g.node, g.local, m * item, 0)
     else:
         raise ValueError(f"no count model for allreduce algorithm {algorithm!r}")
@@ -541,7 +548,7 @@ def counts_for(
     c = Counts()
     p = layout.size
     if collective == "allreduce":
-        _allreduce(c, g, algorithm, rank, count, itemsize)
+        _allreduce(c, g, algorithm, rank, count, itemsize, commutative)
     elif collective == "reduce":
         _reduce(c, g, algorithm, rank, count, itemsize, root, commutative)
     elif collective == "bcast":

@@ -121,6 +121,7 @@ def _pipelined(
     itemsize: int,
     profile: Profile,
     root: int,
+    commutative: bool = True,
 ) -> dict[str, float]:
     """Stages overlap across segments: the first segment pays all, the rest the slowest."""
     g = _groups(layout, rank)
@@ -131,7 +132,7 @@ def _pipelined(
     if collective == "allreduce":
         _binomial_reduce(stages[0], g.node, g.local, m * itemsize, 0)
         if g.leaders is not None:
-            _leaders_allreduce(stages[1], g.leaders, g.node_index, m, itemsize)
+            _leaders_allreduce(stages[1], g.leaders, g.node_index, m, itemsize, commutative)
     elif g.leaders is not None:  # bcast: leaders, then within the node
         _binomial_bcast(stages[1], g.leaders, g.node_index, m * itemsize, layout.node_of[root])
     _binomial_bcast(stages[2], g.node, g.local, m * itemsize, 0)
@@ -179,7 +180,9 @@ def predict(
         assert c is not None
         messages += c.messages_intra + c.messages_inter
         if algorithm == "pipelined" and collective in ("allreduce", "bcast"):
-            parts = _pipelined(collective, layout, rank, count, itemsize, profile, root)
+            parts = _pipelined(
+                collective, layout, rank, count, itemsize, profile, root, commutative
+            )
         else:
             parts = _price(c, profile, _sharing(algorithm, layout, rank))
         total = sum(parts.values())
