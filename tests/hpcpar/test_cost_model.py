@@ -302,3 +302,44 @@ def test_tied_predictions_rank_the_algorithm_sending_fewer_messages_first():
     seconds = [p.seconds for p in ranking]
     assert all(b >= a * (1 - TIE) for a, b in itertools.pairwise(seconds))
     assert seconds[0] <= min(seconds) * (1 + TIE)
+
+
+def test_a_fold_puts_the_whole_vector_on_the_absorbing_ranks_path():
+    # Rabenseifner on 3 ranks, one per node: rank 1 receives rank 0's vector (the fold),
+    # halves and doubles with rank 2 (n/2 each way), sends the result back to rank 0:
+    # 3n over its link, where the ring moves 4/3 n. Bandwidth only, by hand.
+    from hpcpar.collectives.cost.model import _sharing
+
+    beta = 1 / 1e9
+    bandwidth_only = Profile("bw", Level(0.0, 1 / 100e9), Level(0.0, beta), 0.0)
+    n = 3 << 20
+    rab = predict("allreduce", "rabenseifner", flat(3), n // 8, 8, bandwidth_only)
+    assert rab.worst_rank == 1
+    assert rab.parts["inter"] == pytest.approx(3 * n * beta)
+    ring = predict("allreduce", "ring", flat(3), n // 8, 8, bandwidth_only)
+    assert ring.parts["inter"] == pytest.approx(4 / 3 * n * beta)
+    # folded ranks sit out: 6 ranks on 3 nodes fold ranks 0 and 2 into 1 and 3, so one
+    # rank per node drives the first two links and two the third
+    layout = Layout((0, 0, 1, 1, 2, 2))
+    assert [_sharing("rabenseifner", layout, r) for r in range(6)] == [1, 1, 1, 1, 2, 2]
+    assert [_sharing("ring", layout, r) for r in range(6)] == [1] * 6
+    assert [_sharing("multi_leader", layout, r) for r in range(6)] == [2] * 6
+
+
+def test_three_leaders_take_the_ring_for_large_commutative_vectors():
+    from hpcpar.collectives.cost.counts import counts_for
+    from hpcpar.collectives.two_level import leaders_use_ring
+
+    assert leaders_use_ring(3, 1 << 20, True)
+    assert not leaders_use_ring(3, 1 << 20, False)  # the ring reorders operands
+    assert not leaders_use_ring(4, 1 << 20, True)  # no fold to avoid
+    assert not leaders_use_ring(2, 1 << 20, True)
+    assert not leaders_use_ring(3, 64 << 10, True)  # small blocks: latency wins
+    assert not leaders_use_ring(1000, 16 << 20, True)  # 2 x 999 latencies
+    assert leaders_use_ring(1000, 64 << 20, True)
+    # two-level on 3 nodes x 2 ranks: the leaders' share of the link is the ring's
+    layout = Layout((0, 0, 1, 1, 2, 2))
+    n = 1 << 20
+    leader = counts_for("allreduce", "two_level", layout, 0, n, 8)
+    assert abs(leader.bytes_inter - 4 / 3 * n * 8) <= 16  # 2(p-1)/p of the vector
+    assert leader.waited_inter == 0

@@ -37,6 +37,10 @@ class Counts:
     reduced_bytes: int = 0
     rounds_intra: int = 0
     rounds_inter: int = 0
+    # bytes this rank waits to receive before it can go on (a fold's whole vector);
+    # priced on its path, not counted as its messages
+    waited_intra: int = 0
+    waited_inter: int = 0
 
     def round(self, same_node: bool, k: int = 1) -> None:
         """Count ``k`` communication rounds on this rank's critical path (latency terms).
@@ -163,6 +167,10 @@ def _fold_in(c: Counts, nodes: list[int], me: int, nbytes: int, rem: int) -> Non
             c.send(nbytes, nodes[partner] == nodes[me])
         else:
             c.reduced_bytes += nbytes
+            if nodes[partner] == nodes[me]:
+                c.waited_intra += nbytes
+            else:
+                c.waited_inter += nbytes
         c.round(nodes[partner] == nodes[me])
     elif rem:
         c.round(len(set(nodes[: 2 * rem])) == 1 and nodes[0] == nodes[me])  # waits for partners

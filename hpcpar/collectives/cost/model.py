@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ..algorithms import ALGORITHMS, ORDER_NONE
 from ..pipelined import segment_elements
-from ..recursive_doubling import fold
+from ..recursive_doubling import fold, new_rank
 from .counts import (
     Counts,
     Layout,
@@ -53,6 +53,7 @@ CLASSIC = {
     "barrier": ("dissemination",),
 }
 _HIERARCHICAL_SINGLE_SENDER = {"two_level", "pipelined"}
+_FOLDED = {"recursive_doubling", "rabenseifner"}  # flat, fold a count that is not 2^k
 
 
 @dataclass
@@ -93,21 +94,25 @@ def representatives(layout: Layout, limit: int = 64) -> list[int]:
 
 
 def _sharing(algorithm: str, layout: Layout, rank: int) -> int:
-    local_size = len(layout.node_ranks[layout.node_of[rank]])
+    node = layout.node_ranks[layout.node_of[rank]]
     if algorithm in _HIERARCHICAL_SINGLE_SENDER:
         return 1
     if algorithm == "multi_leader":
         return min(len(r) for r in layout.node_ranks)
     if algorithm == "ring" and list(layout.node_of) == sorted(layout.node_of):
         return 1  # one ring edge leaves each node
-    return local_size
+    if algorithm in _FOLDED:  # the ranks folded away are idle while the others exchange
+        _, rem = fold(layout.size)
+        return max(1, sum(1 for r in node if new_rank(r, rem) >= 0))
+    return len(node)
 
 
 def _price(c: Counts, profile: Profile, sharing: int) -> dict[str, float]:
-    # Latency per round on the critical path; bandwidth per byte this rank sends.
+    # Latency per round on the critical path; bandwidth per byte this rank sends or
+    # waits for (a fold).
     return {
-        "intra": profile.intra.time(c.rounds_intra, c.bytes_intra),
-        "inter": profile.inter.time(c.rounds_inter, c.bytes_inter * sharing),
+        "intra": profile.intra.time(c.rounds_intra, c.bytes_intra + c.waited_intra),
+        "inter": profile.inter.time(c.rounds_inter, (c.bytes_inter + c.waited_inter) * sharing),
         "reduce": c.reduced_bytes * profile.gamma_s_per_byte,
         "software": profile.call_s + c.rounds * profile.step_s,
     }
