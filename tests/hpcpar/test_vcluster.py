@@ -183,6 +183,29 @@ def test_collectives_across_tcp_node_boundaries(cluster):
     assert placed == [["vnode0", "vnode1", "vnode0", "vnode1"]], cyclic.stdout + cyclic.stderr
 
 
+@needs_namespaces
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_allreduce_over_three_nodes_across_tcp():
+    """Three leaders (not a power of two: the ring among them for large vectors) over TCP."""
+    hpcpar("vcluster", "down")
+    try:
+        up = hpcpar("vcluster", "up", "--nodes", "3", "--link", "50us,1gbit")
+        assert up.returncode == 0, up.stderr
+        proc = hpcpar(
+            "vcluster", "run", "--ppn", "1", "--timeout", "200", "--",
+            "python", "-m", "pytest", "--with-mpi", "-m", "mpi", "-q", "-p", "no:cacheprovider",
+            "tests/hpcpar/test_collectives_reduce.py", "-k", "test_allreduce_against_numpy",
+            timeout=260,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert " passed" in proc.stdout and "failed" not in proc.stdout
+    finally:
+        down = hpcpar("vcluster", "down")
+        assert down.returncode == 0, down.stderr
+    assert leftovers() == []
+
+
 def test_run_without_a_cluster_is_an_error():
     if leftovers():
         pytest.skip("a virtual cluster is up")
