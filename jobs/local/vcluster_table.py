@@ -1,7 +1,7 @@
 """The markdown table of BENCHMARKS.md's virtual-cluster section, from one run's files.
 
-Usage: python jobs/local/vcluster_table.py RESULTS.json PROFILE.json [block|cyclic]
-(the files ``jobs/local/vcluster-bench.sh`` writes; 2 nodes x 2 ranks).
+Usage: python jobs/local/vcluster_table.py RESULTS.json PROFILE.json [block|cyclic] [NxK]
+(the files ``jobs/local/vcluster-bench.sh`` writes; N nodes x K ranks, default 2x2).
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else (f"{n >> 10} KiB" if n >= 1024 else f"{n} B")
 
 
-def main(results: str, profile: str, distribution: str = "block") -> None:
+def main(results: str, profile: str, distribution: str = "block", shape: str = "2x2") -> None:
     """Print the table for one run (``distribution``: how its ranks were placed)."""
+    nodes, ppn = (int(x) for x in shape.lower().split("x"))
     with open(results) as handle:
         rows_all = json.load(handle)["results"]
     prof = load_profile(profile)
-    layout = Layout((0, 1, 0, 1) if distribution == "cyclic" else (0, 0, 1, 1))
+    ranks = range(nodes * ppn)
+    layout = Layout(tuple(r % nodes if distribution == "cyclic" else r // ppn for r in ranks))
     print(
         "| size | MPI direct us | mpi via hpcpar / MPI | auto us (ran) | auto/MPI "
         "| auto-persistent/MPI (library's persistent/MPI) | autotune/MPI | best fixed (us) "
@@ -52,4 +54,4 @@ def main(results: str, profile: str, distribution: str = "block") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])
