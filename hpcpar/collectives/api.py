@@ -164,14 +164,17 @@ def allreduce(
     Returns:
         The reduced array (``out`` when given).
     """
+    if not reproducible and not (autotune and algorithm == "auto"):
+        result = fast_allreduce(x, op, out, comm, algorithm, autotune is None)
+        if result is not None:
+            return result
     if (
         algorithm == "auto"
         and not reproducible
         and (autotune or (autotune is None and _autotune_on()))
     ):
         algorithm = tuned_algorithm(x, op, comm)[0]
-    if not reproducible:
-        result = fast_allreduce(x, op, out, comm, algorithm)
+        result = fast_allreduce(x, op, out, comm, algorithm, False)
         if result is not None:
             return result
     return _complete(_prepare_allreduce, x, op, out, comm, algorithm, reproducible)

@@ -23,7 +23,7 @@ __all__ = ["CommState", "state_for", "fast_state", "TAGS_PER_CALL"]
 TAGS_PER_CALL = 8  # sub-schedules of one call that run side by side use tag + 0..7
 _KEYVAL: int | None = None
 # The state of comm=None and the HPCPAR_LAYOUT it was made for (looked up on every call).
-_DEFAULT: tuple[str, CommState] | None = None
+_DEFAULT: tuple[str, CommState, bytes] | None = None  # (layout, state, layout encoded)
 _LAYOUT_KEY = b"HPCPAR_LAYOUT"
 
 
@@ -82,12 +82,18 @@ def _delete(comm: Any, keyval: int, value: Any) -> None:
         state.free()
 
 
-def fast_state(comm: Any) -> CommState | None:
-    """The state of ``comm`` if it exists already (no collective call), else None."""
+def fast_state(comm: Any, layout: bytes | None = None) -> CommState | None:
+    """The state of ``comm`` if it exists already (no collective call), else None.
+
+    ``layout``: ``HPCPAR_LAYOUT`` as the caller read it raw (``b""`` when unset), or
+    None to read it here.
+    """
     if comm is None:
-        if _DEFAULT is not None and _DEFAULT[0] == (getenv_fast("", _LAYOUT_KEY) or ""):
-            return _DEFAULT[1]
-        return None
+        if _DEFAULT is None:
+            return None
+        if layout is None:
+            layout = os.fsencode(getenv_fast("", _LAYOUT_KEY) or "")
+        return _DEFAULT[1] if _DEFAULT[2] == layout else None
     if _KEYVAL is None:
         return None
     if isinstance(comm, Hierarchy):
@@ -131,5 +137,5 @@ def state_for(comm: Any) -> CommState:
     if key not in cache:
         cache[key] = CommState(base, layout)
     if comm is None:
-        _DEFAULT = (key, cache[key])
+        _DEFAULT = (key, cache[key], os.fsencode(key))
     return cache[key]
