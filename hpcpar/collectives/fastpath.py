@@ -80,6 +80,8 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: each helper call costs ~7
         flags = out.flags
         if not (flags.c_contiguous and flags.writeable):
             return None
+    # next_tag(), blocking_allreduce() and note_library_call() inlined: calling them
+    # measured 0.3-0.4 us more per call (2.3-2.5 us of Python against 2.0-2.1)
     state._sequence += 1  # state.next_tag() without computing the tag it does not use
     if out is x:
         state.private.Allreduce(_IN_PLACE, out, mpi_op)
