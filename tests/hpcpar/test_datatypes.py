@@ -232,30 +232,47 @@ def test_view_plans_pack_like_ascontiguousarray(slicer, dtype):
     ],
 )
 @pytest.mark.parametrize("dtype", ["u1", "i2", "f4", "f8", "c16"])
-def test_large_strided_views_run_the_compiled_loop_like_numpy(slicer, dtype, monkeypatch):
+@pytest.mark.parametrize("streaming", [False, True])
+def test_large_strided_views_run_the_compiled_loop_like_numpy(
+    slicer, dtype, streaming, monkeypatch
+):
     from hpcpar.datatypes import kernels
 
     used = []
     loop = kernels._compiled
-    monkeypatch.setattr(kernels, "_compiled", lambda dst: used.append(dst.ndim) or loop(dst))
+    monkeypatch.setattr(kernels, "_compiled", lambda n, s: used.append((n, s)) or loop(n, s))
+    # streaming stores from 1 MiB (every compiled copy here), or never
+    monkeypatch.setattr(
+        kernels, "STREAMING_BYTES", kernels.COMPILED_BYTES if streaming else 1 << 62
+    )
     base = (np.arange(128**3) % 251).astype(dtype).reshape(128, 128, 128)
     view = slicer(base)
     p = datatypes.plan(view)
-    packed = p.pack(view)  # 16 KiB to 32 MiB: numpy's copy, or the loop over the cores
+    packed = p.pack(view)  # 16 KiB to 32 MiB: numpy's copy, or a loop over the cores
     assert packed.tobytes() == np.ascontiguousarray(view).tobytes()
     target = np.zeros_like(base)
-    p.unpack(packed, slicer(target))
+    p.unpack(packed, slicer(target))  # into strided memory: nothing else written
     assert np.array_equal(slicer(target), view) and np.count_nonzero(target) <= view.size
-    # 16-byte elements of a view stay with numpy's copy (the loops move 1-8 byte words)
+    # 16-byte elements of a view stay with numpy's copy (the loops move 1-8 byte words);
+    # streaming takes rows up to 16 KiB, ordinary stores only short rows (numpy's
+    # memcpy of each row is faster on longer ones while they sit in the cache)
     row = view.shape[-1] * view.itemsize
     compiled = view.nbytes >= kernels.COMPILED_BYTES and base.itemsize <= 8
-    compiled = compiled and row <= kernels.LOOP_ROW_BYTES
-    assert bool(used) == compiled and all(2 <= n <= 4 for n in used), (used, row)
+    limit = kernels.LOOP_ROW_BYTES if streaming else kernels.SHORT_ROW_BYTES - 1
+    assert bool(used) == (compiled and row <= limit), (used, row)
+    assert all(1 <= n <= 4 and s == streaming for n, s in used), used
 
 
-def test_large_mpi_vectors_pack_like_mpi_with_the_compiled_loop():
+@pytest.mark.parametrize("streaming", [False, True])
+def test_large_mpi_vectors_pack_like_mpi_with_the_compiled_loop(streaming, monkeypatch):
     from hpcpar.datatypes import kernels
 
+    monkeypatch.setattr(
+        kernels, "STREAMING_BYTES", kernels.COMPILED_BYTES if streaming else 1 << 62
+    )
+    used = []
+    loop = kernels._compiled
+    monkeypatch.setattr(kernels, "_compiled", lambda n, s: used.append((n, s)) or loop(n, s))
     for block, stride in ((16, 32), (1, 3), (100, 101)):
         t = MPI.DOUBLE.Create_vector(-(-(2**17) // block), block, stride).Commit()
         src = np.random.default_rng(block).random(-(-(2**17) // block) * stride)
@@ -269,6 +286,8 @@ def test_large_mpi_vectors_pack_like_mpi_with_the_compiled_loop():
         mask.reshape(-1, stride)[:, :block] = True
         assert np.array_equal(back[mask], src[mask]) and not back[~mask].any()
         t.Free()
+    # single doubles (1-D) stream; blocks of 16 and 100 doubles are rows of a 2-D loop
+    assert ((1, True) in used) == streaming and ((2, True) in used) == streaming
 
 
 def test_structured_dtypes_skip_padding():

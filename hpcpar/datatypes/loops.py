@@ -1,0 +1,136 @@
+"""Compiled strided copies (numba), with ordinary or non-temporal (streaming) stores.
+
+Imported only when a copy is large enough to use them; numba compiles each loop once
+per dimension count and word type and caches it on disk.
+
+The streaming loops write every word with a non-temporal store (LLVM's ``!nontemporal``
+hint: ``movnti`` on x86-64, ``stnp`` on AArch64) and end with a fence, so the stores
+are visible to any thread that synchronises with this one afterwards. A streaming
+store does not read the destination line first and does not evict the source from
+the cache: on copies larger than the cache this moves a third less memory traffic
+(interior of a 128^3 float64 block, 16 MB: 21-23 GB/s over two threads against
+15-18 with ordinary stores). On copies that fit in the cache it is slower, since
+the next reader has to fetch the data from memory; ``kernels.copy_op`` decides.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+__all__ = ["loop"]
+
+
+@intrinsic
+def _store_streaming(typingctx: Any, array: Any, index: Any, value: Any) -> Any:
+    """``array[index] = value`` with a non-temporal store (index: a tuple, no wrap-around)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        array_type = signature.args[0]
+        data = context.make_array(array_type)(context, builder, args[0])
+        indices = cgutils.unpack_tuple(builder, args[1], count=array_type.ndim)
+        pointer = cgutils.get_item_pointer(
+            context, builder, array_type, data, indices, wraparound=False, boundscheck=False
+        )
+        store = builder.store(args[2], pointer)
+        hint = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        store.set_metadata("nontemporal", hint)
+        return context.get_dummy_value()
+
+    return types.void(array, index, value), codegen
+
+
+@intrinsic
+def _fence(typingctx: Any) -> Any:
+    """A full memory fence: orders the streaming stores before anything after it."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+_JIT = njit(nogil=True, cache=True)
+
+
+@_JIT
+def _stream1(dst: Any, src: Any) -> None:
+    for i in range(dst.shape[0]):
+        _store_streaming(dst, (i,), src[i])
+    _fence()
+
+
+@_JIT
+def _copy2(dst: Any, src: Any) -> None:
+    for i in range(dst.shape[0]):
+        for j in range(dst.shape[1]):
+            dst[i, j] = src[i, j]
+
+
+@_JIT
+def _stream2(dst: Any, src: Any) -> None:
+    for i in range(dst.shape[0]):
+        for j in range(dst.shape[1]):
+            _store_streaming(dst, (i, j), src[i, j])
+    _fence()
+
+
+@_JIT
+def _copy3(dst: Any, src: Any) -> None:
+    for i in range(dst.shape[0]):
+        for j in range(dst.shape[1]):
+            for k in range(dst.shape[2]):
+                dst[i, j, k] = src[i, j, k]
+
+
+@_JIT
+def _stream3(dst: Any, src: Any) -> None:
+    for i in range(dst.shape[0]):
+        for j in range(dst.shape[1]):
+            for k in range(dst.shape[2]):
+                _store_streaming(dst, (i, j, k), src[i, j, k])
+    _fence()
+
+
+@_JIT
+def _copy4(dst: Any, src: Any) -> None:
+    for i in range(dst.shape[0]):
+        for j in range(dst.shape[1]):
+            for k in range(dst.shape[2]):
+                for m in range(dst.shape[3]):
+                    dst[i, j, k, m] = src[i, j, k, m]
+
+
+@_JIT
+def _stream4(dst: Any, src: Any) -> None:
+    for i in range(dst.shape[0]):
+        for j in range(dst.shape[1]):
+            for k in range(dst.shape[2]):
+                for m in range(dst.shape[3]):
+                    _store_streaming(dst, (i, j, k, m), src[i, j, k, m])
+    _fence()
+
+
+_LOOPS = {
+    (1, True): _stream1,
+    (2, False): _copy2,
+    (2, True): _stream2,
+    (3, False): _copy3,
+    (3, True): _stream3,
+    (4, False): _copy4,
+    (4, True): _stream4,
+}
+
+
+def loop(ndim: int, streaming: bool) -> Any:
+    """The compiled ``copy(dst, src)`` for ``ndim``-dimensional arrays, or None.
+
+    One dimension has only a streaming loop (numpy's own strided loop is as fast as a
+    compiled one with ordinary stores).
+    """
+    return _LOOPS.get((ndim, streaming))
