@@ -277,8 +277,7 @@ def _parallel_copy(dst: np.ndarray, src: np.ndarray, copy: Any = np.copyto) -> N
 
 
 def _on_threads(copy: Any, dst: np.ndarray, src: np.ndarray, cuts: Any) -> None:
-    """``copy(dst[a:b], src[a:b])`` for consecutive cuts: the first here, the rest on
-    pool threads."""
+    """``copy(dst[a:b], src[a:b])`` per cut: the first on this thread, the rest on the pool."""
     if not _pool:
         from concurrent.futures import ThreadPoolExecutor
 
