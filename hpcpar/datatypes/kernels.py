@@ -281,7 +281,7 @@ def _on_threads(copy: Any, dst: np.ndarray, src: np.ndarray, cuts: Any) -> None:
     if not _pool:
         from concurrent.futures import ThreadPoolExecutor
 
-        _pool.append(ThreadPoolExecutor(_threads() - 1, thread_name_prefix="hpcpar-pack"))
+        _pool.append(ThreadPoolExecutor(max(1, _threads() - 1), thread_name_prefix="hpcpar-pack"))
     spans = [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
     jobs = [_pool[0].submit(copy, dst[a:b], src[a:b]) for a, b in spans[1:]]
     try:
