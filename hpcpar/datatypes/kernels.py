@@ -151,10 +151,14 @@ def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarr
     - copies that fit in the cache: numpy's, which copies each row with memcpy, unless
       the rows are short (under ``SHORT_ROW_BYTES``: numpy's per-row cost dominates,
       64-byte rows 9.5 against 15 GB/s for the loop), from ``COMPILED_BYTES``;
-    - copies from ``STREAMING_BYTES`` (a quarter of the last-level cache): the
-      streaming loop, whose stores bypass the cache (16 MB interior of a 3-D block
-      over two threads: 23 GB/s against 17.6 with ordinary stores and 9.2 for numpy;
-      at 6.6 MB, in the cache, 20 against 26 and 25: hence the threshold);
+    - copies from ``STREAMING_BYTES`` (a quarter of the last-level cache) whose
+      destination is written in runs of at least ``STREAM_RUN_BYTES``: the streaming
+      loop, whose stores bypass the cache (16 MB interior of a 3-D block over two
+      threads: 23 GB/s against 17.6 with ordinary stores and 9.2 for numpy; at 6.6 MB,
+      in the cache, 20 against 26 and 25: hence the threshold). Streaming stores into
+      short runs write partial cache lines, which memory must merge: unpacking 16 MB
+      into 8 or 64-byte blocks ran 5.1 GB/s streaming against 11 with ordinary stores,
+      into 512-byte blocks 13.3 against 7.1;
     - from ``PARALLEL_BYTES``, split over this rank's share of the cores (below it
       handing work to a thread costs more than it saves: 1.9 MB, 14 GB/s on two
       threads against 26 on one).
@@ -163,18 +167,20 @@ def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarr
     ``LOOP_ROW_BYTES`` (longer rows: memcpy wins) take a loop; others go to numpy.
     """
     copy: Any = np.copyto
-    while dst.ndim > 1 and dst.shape[-1] == 1:  # single words: numpy's 1-D strided loop
+    while dst.ndim > 1 and dst.shape[-1] == 1:  # single words: a 1-D strided copy
         dst, src = dst[..., 0], src[..., 0]
-    nbytes = dst.nbytes
-    if nbytes >= COMPILED_BYTES and dst.dtype.itemsize in _WORDS and dst.ndim >= 1:
-        row = dst.shape[-1] * dst.dtype.itemsize
+    nbytes, item = dst.nbytes, dst.dtype.itemsize
+    if nbytes >= COMPILED_BYTES and item in _WORDS and dst.ndim >= 1:
+        row = dst.shape[-1] * item
+        run = row if dst.strides[-1] == item else item  # bytes dst takes at a time
+        if dst.flags.c_contiguous:
+            run = nbytes
         if dst.ndim == 1:  # single words apart, unless both are contiguous (memcpy)
-            contiguous = dst.flags.c_contiguous and src.flags.c_contiguous
-            row = LOOP_ROW_BYTES + 1 if contiguous else dst.dtype.itemsize
-        streaming = nbytes >= STREAMING_BYTES and row <= LOOP_ROW_BYTES
+            row = LOOP_ROW_BYTES + 1 if run == nbytes and src.flags.c_contiguous else item
+        streaming = nbytes >= STREAMING_BYTES and row <= LOOP_ROW_BYTES and run >= STREAM_RUN_BYTES
         loop = _compiled(dst.ndim, streaming) if streaming or row < SHORT_ROW_BYTES else None
         if loop is not None:
-            word = _WORDS[dst.dtype.itemsize]
+            word = _WORDS[item]
             dst, src, copy = dst.view(word), src.view(word), loop
     if nbytes >= PARALLEL_BYTES and dst.ndim >= 1 and dst.shape[0] >= 2 and _threads() > 1:
         return functools.partial(_parallel_copy, copy=copy), dst, src
@@ -203,6 +209,7 @@ COMPILED_BYTES = 1 << 20  # strided copies this large may run a compiled loop ..
 SHORT_ROW_BYTES = 256  # ... when their rows are this short (in the cache) ...
 LOOP_ROW_BYTES = 1 << 14  # ... or, streaming, at most this long (longer rows: memcpy wins)
 STREAMING_BYTES = max(4 << 20, _last_level_cache() // 4)  # copies this large stream
+STREAM_RUN_BYTES = 256  # ... into runs of at least this many bytes
 PARALLEL_BYTES = 4 << 20  # copies this large are split across threads (all drop the GIL)
 _pool: list[Any] = []
 _loops: dict[tuple[int, bool], Any] = {}

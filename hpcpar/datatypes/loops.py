@@ -66,6 +66,12 @@ def _stream1(dst: Any, src: Any) -> None:
 
 
 @_JIT
+def _copy1(dst: Any, src: Any) -> None:
+    for i in range(dst.shape[0]):
+        dst[i] = src[i]
+
+
+@_JIT
 def _copy2(dst: Any, src: Any) -> None:
     for i in range(dst.shape[0]):
         for j in range(dst.shape[1]):
@@ -117,6 +123,7 @@ def _stream4(dst: Any, src: Any) -> None:
 
 
 _LOOPS = {
+    (1, False): _copy1,
     (1, True): _stream1,
     (2, False): _copy2,
     (2, True): _stream2,
@@ -128,9 +135,5 @@ _LOOPS = {
 
 
 def loop(ndim: int, streaming: bool) -> Any:
-    """The compiled ``copy(dst, src)`` for ``ndim``-dimensional arrays, or None.
-
-    One dimension has only a streaming loop (numpy's own strided loop is as fast as a
-    compiled one with ordinary stores).
-    """
+    """The compiled ``copy(dst, src)`` for ``ndim``-dimensional arrays, or None."""
     return _LOOPS.get((ndim, streaming))
