@@ -158,27 +158,28 @@ def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarr
       in the cache, 20 against 26 and 25: hence the threshold). Streaming stores into
       short runs write partial cache lines, which memory must merge: unpacking 16 MB
       into 8 or 64-byte blocks ran 5.1 GB/s streaming against 11 with ordinary stores,
-      into 512-byte blocks 13.3 against 7.1;
+      into 512-byte blocks 13.3 against 7.1. Rows of any length stream: packing 16 MB
+      of 64 KiB - 1 MiB blocks, the loop ran 10-16 GB/s, numpy's memcpy per row 8-10;
     - from ``PARALLEL_BYTES``, split over this rank's share of the cores (below it
       handing work to a thread costs more than it saves: 1.9 MB, 14 GB/s on two
       threads against 26 on one).
 
-    Elements of 1, 2, 4 or 8 bytes, 1 to 4 dimensions, rows of at most
-    ``LOOP_ROW_BYTES`` (longer rows: memcpy wins) take a loop; others go to numpy.
+    Elements of 1, 2, 4 or 8 bytes in 1 to 4 dimensions take a loop; others, and
+    copies where both sides are one contiguous block (memcpy), go to numpy.
     """
     copy: Any = np.copyto
     while dst.ndim > 1 and dst.shape[-1] == 1:  # single words: a 1-D strided copy
         dst, src = dst[..., 0], src[..., 0]
     nbytes, item = dst.nbytes, dst.dtype.itemsize
     if nbytes >= COMPILED_BYTES and item in _WORDS and dst.ndim >= 1:
-        row = dst.shape[-1] * item
+        row = dst.shape[-1] * item if dst.ndim > 1 else item  # 1-D: single words apart
         run = row if dst.strides[-1] == item else item  # bytes dst takes at a time
         if dst.flags.c_contiguous:
             run = nbytes
-        if dst.ndim == 1:  # single words apart, unless both are contiguous (memcpy)
-            row = LOOP_ROW_BYTES + 1 if run == nbytes and src.flags.c_contiguous else item
-        streaming = nbytes >= STREAMING_BYTES and row <= LOOP_ROW_BYTES and run >= STREAM_RUN_BYTES
+        streaming = nbytes >= STREAMING_BYTES and run >= STREAM_RUN_BYTES
         loop = _compiled(dst.ndim, streaming) if streaming or row < SHORT_ROW_BYTES else None
+        if run == nbytes and src.flags.c_contiguous:
+            loop = None  # one block: numpy's memcpy
         if loop is not None:
             word = _WORDS[item]
             dst, src, copy = dst.view(word), src.view(word), loop
@@ -207,8 +208,7 @@ def _last_level_cache() -> int:
 
 COMPILED_BYTES = 1 << 20  # strided copies this large may run a compiled loop ...
 SHORT_ROW_BYTES = 256  # ... when their rows are this short (in the cache) ...
-LOOP_ROW_BYTES = 1 << 14  # ... or, streaming, at most this long (longer rows: memcpy wins)
-STREAMING_BYTES = max(4 << 20, _last_level_cache() // 4)  # copies this large stream
+STREAMING_BYTES = max(4 << 20, _last_level_cache() // 4)  # ... or stream from this size
 STREAM_RUN_BYTES = 256  # ... into runs of at least this many bytes
 PARALLEL_BYTES = 4 << 20  # copies this large are split across threads (all drop the GIL)
 _pool: list[Any] = []

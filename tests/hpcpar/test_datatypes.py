@@ -256,12 +256,11 @@ def test_large_strided_views_run_the_compiled_loop_like_numpy(
     assert np.array_equal(slicer(target), view) and np.count_nonzero(target) <= view.size
     unpacking = used[len(packing) :]
     # 16-byte elements of a view stay with numpy's copy (the loops move 1-8 byte words);
-    # streaming takes rows up to 16 KiB, ordinary stores only short rows (numpy's
+    # streaming takes rows of any length, ordinary stores only short rows (numpy's
     # memcpy of each row is faster on longer ones while they sit in the cache)
     row = view.shape[-1] * view.itemsize
     compiled = view.nbytes >= kernels.COMPILED_BYTES and base.itemsize <= 8
-    limit = kernels.LOOP_ROW_BYTES if streaming else kernels.SHORT_ROW_BYTES - 1
-    assert bool(packing) == (compiled and row <= limit), (packing, row)
+    assert bool(packing) == (compiled and (streaming or row < kernels.SHORT_ROW_BYTES))
     assert all(1 <= n <= 4 and s == streaming for n, s in packing), packing
     # unpacking streams only into runs of 256 B and more (whole rows of the view)
     run = row if view.strides[-1] == view.itemsize else view.itemsize
