@@ -151,15 +151,22 @@ def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarr
     - copies that fit in the cache: numpy's, which copies each row with memcpy, unless
       the rows are short (under ``SHORT_ROW_BYTES``: numpy's per-row cost dominates,
       64-byte rows 9.5 against 15 GB/s for the loop), from ``COMPILED_BYTES``;
-    - copies from ``STREAMING_BYTES`` (a quarter of the last-level cache) whose
+    - copies from ``STREAMING_BYTES`` (an eighth of this rank's share of the
+      last-level cache: 4 MiB here for one rank, 1 MiB for each of four) whose
       destination is written in runs of at least ``STREAM_RUN_BYTES``: the streaming
       loop, whose stores bypass the cache (16 MB interior of a 3-D block over two
       threads: 23 GB/s against 17.6 with ordinary stores and 9.2 for numpy; at 6.6 MB,
-      in the cache, 20 against 26 and 25: hence the threshold). Streaming stores into
+      in the cache alone, 20 against 26 and 25; but with the peer's buffers also
+      live, pack + unpack of that interior took 1.3-2.6 ms without streaming against
+      1.3-1.6 for MPICH: streaming costs little where the data would have stayed in
+      the cache, ordinary stores twice as much where it would not, hence a low
+      threshold). Streaming stores into
       short runs write partial cache lines, which memory must merge: unpacking 16 MB
       into 8 or 64-byte blocks ran 5.1 GB/s streaming against 11 with ordinary stores,
       into 512-byte blocks 13.3 against 7.1. Rows of any length stream: packing 16 MB
-      of 64 KiB - 1 MiB blocks, the loop ran 10-16 GB/s, numpy's memcpy per row 8-10;
+      of 64 KiB - 1 MiB blocks, the loop ran 10-16 GB/s, numpy's memcpy per row 8-10.
+      Ranks sharing the node share the cache: a pack and unpack of a 3.8 MB interior
+      took 1.26x the time streaming on one rank, 0.51x on each of four;
     - from ``PARALLEL_BYTES``, split over this rank's share of the cores (below it
       handing work to a thread costs more than it saves: 1.9 MB, 14 GB/s on two
       threads against 26 on one).
@@ -206,10 +213,26 @@ def _last_level_cache() -> int:
     return max(sizes, default=32 << 20)
 
 
+_LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE")
+
+
+def _local_ranks() -> int:
+    """The ranks the launcher says share this node (Hydra, Open MPI, PMI), else 1."""
+    return next((int(v) for v in map(os.environ.get, _LOCAL_RANKS)
+                 if v and v.isdigit() and int(v) >= 1), 1)  # fmt: skip
+
+
 COMPILED_BYTES = 1 << 20  # strided copies this large may run a compiled loop ...
 SHORT_ROW_BYTES = 256  # ... when their rows are this short (in the cache) ...
-STREAMING_BYTES = max(4 << 20, _last_level_cache() // 4)  # ... or stream from this size
-STREAM_RUN_BYTES = 256  # ... into runs of at least this many bytes
+STREAM_RUN_BYTES = 256  # ... or stream into runs this long from STREAMING_BYTES
+
+
+def streaming_bytes() -> int:
+    """An eighth of this rank's share of the last-level cache, at least ``COMPILED_BYTES``."""
+    return max(COMPILED_BYTES, _last_level_cache() // (8 * _local_ranks()))
+
+
+STREAMING_BYTES = streaming_bytes()  # copies this large stream (into long runs)
 PARALLEL_BYTES = 4 << 20  # copies this large are split across threads (all drop the GIL)
 _pool: list[Any] = []
 _loops: dict[tuple[int, bool], Any] = {}
@@ -231,7 +254,6 @@ def _compiled(ndim: int, streaming: bool) -> Any:
     return _loops[key]
 
 
-_LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE")
 _thread_count: list[int] = []
 
 
@@ -248,9 +270,7 @@ def _threads() -> int:
         if wanted.isdigit() and int(wanted) >= 1:
             count = int(wanted)
         else:
-            local = next((int(v) for v in map(os.environ.get, _LOCAL_RANKS)
-                          if v and v.isdigit() and int(v) >= 1), 1)  # fmt: skip
-            count = max(1, usable_cores() // local)
+            count = max(1, usable_cores() // _local_ranks())
         _thread_count.append(min(count, 8))
     return _thread_count[0]
 

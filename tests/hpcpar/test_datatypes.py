@@ -455,6 +455,20 @@ def test_repeated_packs_of_the_same_buffers_see_new_data(layout):
     t.Free()
 
 
+def test_streaming_starts_at_an_eighth_of_this_ranks_share_of_the_cache(monkeypatch):
+    from hpcpar.datatypes import kernels
+
+    monkeypatch.setattr(kernels, "_last_level_cache", lambda: 32 << 20)
+    for env, want in (({}, 4 << 20), ({"MPI_LOCALNRANKS": "2"}, 2 << 20),
+                      ({"OMPI_COMM_WORLD_LOCAL_SIZE": "64"}, kernels.COMPILED_BYTES),
+                      ({"PMI_LOCAL_SIZE": "x"}, 4 << 20)):  # fmt: skip
+        for name in kernels._LOCAL_RANKS:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert kernels.streaming_bytes() == want, env
+
+
 def test_copy_threads_are_this_ranks_share_of_the_cores(monkeypatch):
     from hpcpar.datatypes import kernels
     from hpcpar.runtime.env import usable_cores
