@@ -145,34 +145,33 @@ def strided_copy(dst: np.ndarray, src: np.ndarray) -> None:
 def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray]:
     """How to copy ``src`` into ``dst`` (same shape): ``(copy, dst', src')``.
 
-    Measured on this project's 2-core VM (32 MiB L3), GB/s for numpy's copy, the
-    compiled loop and the streaming loop (``loops.py``):
+    Three copies, chosen by what was measured on this project's 2-core VM (32 MiB L3;
+    GB/s of standalone loops, session 8 of BENCHMARKS.md):
 
-    - copies that fit in the cache: numpy's, which copies each row with memcpy, unless
-      the rows are short (under ``SHORT_ROW_BYTES``: numpy's per-row cost dominates,
-      64-byte rows 9.5 against 15 GB/s for the loop), from ``COMPILED_BYTES``;
-    - copies from ``STREAMING_BYTES`` (an eighth of this rank's share of the
-      last-level cache: 4 MiB here for one rank, 1 MiB for each of four) whose
-      destination is written in runs of at least ``STREAM_RUN_BYTES``: the streaming
-      loop, whose stores bypass the cache (16 MB interior of a 3-D block over two
-      threads: 23 GB/s against 17.6 with ordinary stores and 9.2 for numpy; at 6.6 MB,
-      in the cache alone, 20 against 26 and 25; but with the peer's buffers also
-      live, pack + unpack of that interior took 1.3-2.6 ms without streaming against
-      1.3-1.6 for MPICH: streaming costs little where the data would have stayed in
-      the cache, ordinary stores twice as much where it would not, hence a low
-      threshold). Streaming stores into
-      short runs write partial cache lines, which memory must merge: unpacking 16 MB
-      into 8 or 64-byte blocks ran 5.1 GB/s streaming against 11 with ordinary stores,
-      into 512-byte blocks 13.3 against 7.1. Rows of any length stream: packing 16 MB
-      of 64 KiB - 1 MiB blocks, the loop ran 10-16 GB/s, numpy's memcpy per row 8-10.
-      Ranks sharing the node share the cache: a pack and unpack of a 3.8 MB interior
-      took 1.26x the time streaming on one rank, 0.51x on each of four;
-    - from ``PARALLEL_BYTES``, split over this rank's share of the cores (below it
-      handing work to a thread costs more than it saves: 1.9 MB, 14 GB/s on two
-      threads against 26 on one).
+    - numpy's copy (memcpy per row): below ``COMPILED_BYTES``, and for rows of
+      ``SHORT_ROW_BYTES`` and more while the copy fits in the cache;
+    - a compiled loop with ordinary stores (``loops.py``) for shorter rows from
+      ``COMPILED_BYTES``: numpy's per-row cost dominates there (64 B rows: 15 against
+      9.5);
+    - a compiled loop with streaming (non-temporal) stores from ``STREAMING_BYTES``,
+      an eighth of this rank's share of the last-level cache (4 MiB alone, 1 MiB for
+      each of four ranks): it neither reads the destination line first nor evicts
+      the source. 16 MB interior of a 3-D block, two threads: 23 against 17.6 with
+      ordinary stores and 9.2 for numpy; where the copy would have stayed in the
+      cache it costs 6-20%, where it would not, ordinary stores cost up to 2x: hence
+      the low threshold, shared between the ranks of a node. Not into runs shorter
+      than ``STREAM_RUN_BYTES`` (partial cache lines: unpacking into 8 B blocks, 5.1
+      against 11.3), and not for rows of ``SHORT_ROW_BYTES`` to ``LONG_ROW_BYTES``
+      that fill under 3/4 of their stride in the source, where reading dominates and
+      numpy's memcpy reads faster (vectors of 512 B - 16 KiB blocks: 3.3-9.0 against
+      2.6-6.6 on one thread); dense rows (the interior) and rows of 64 KiB and more
+      stream (10-16 against 8-10 for numpy).
 
-    Elements of 1, 2, 4 or 8 bytes in 1 to 4 dimensions take a loop; others, and
-    copies where both sides are one contiguous block (memcpy), go to numpy.
+    From ``PARALLEL_BYTES`` the copy is split over this rank's share of the cores,
+    the calling thread taking one part (below it handing work to a thread costs more
+    than it saves: 1.9 MB, 14 on two threads against 26 on one). Elements of 1, 2, 4
+    or 8 bytes in 1 to 4 dimensions can take a loop; others, and copies where both
+    sides are one contiguous block (memcpy), go to numpy.
     """
     copy: Any = np.copyto
     while dst.ndim > 1 and dst.shape[-1] == 1:  # single words: a 1-D strided copy
@@ -184,6 +183,8 @@ def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarr
         if dst.flags.c_contiguous:
             run = nbytes
         streaming = nbytes >= STREAMING_BYTES and run >= STREAM_RUN_BYTES
+        if streaming and SHORT_ROW_BYTES <= row < LONG_ROW_BYTES and _sparse_rows(src):
+            streaming = False  # reading dominates: numpy's memcpy per row reads faster
         loop = _compiled(dst.ndim, streaming) if streaming or row < SHORT_ROW_BYTES else None
         if run == nbytes and src.flags.c_contiguous:
             loop = None  # one block: numpy's memcpy
@@ -193,6 +194,14 @@ def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarr
     if nbytes >= PARALLEL_BYTES and dst.ndim >= 1 and dst.shape[0] >= 2 and _threads() > 1:
         return functools.partial(_parallel_copy, copy=copy), dst, src
     return copy, dst, src
+
+
+def _sparse_rows(src: np.ndarray) -> bool:
+    """True where ``src`` has contiguous rows that fill less than 3/4 of their stride."""
+    if src.ndim < 2 or src.strides[-1] != src.dtype.itemsize:
+        return False
+    row = src.shape[-1] * src.dtype.itemsize
+    return 4 * row < 3 * abs(src.strides[-2])
 
 
 def _last_level_cache() -> int:
@@ -225,6 +234,7 @@ def _local_ranks() -> int:
 COMPILED_BYTES = 1 << 20  # strided copies this large may run a compiled loop ...
 SHORT_ROW_BYTES = 256  # ... when their rows are this short (in the cache) ...
 STREAM_RUN_BYTES = 256  # ... or stream into runs this long from STREAMING_BYTES
+LONG_ROW_BYTES = 1 << 16  # (rows shorter than this, read sparsely, go to numpy)
 
 
 def streaming_bytes() -> int:
