@@ -1,8 +1,9 @@
 """``hpcpar bench datatypes``: pack/unpack speed of hpcpar's plans vs MPI's Pack and numpy.
 
 Cases: the x, y and z faces and the interior of an N^3 float64 array, vectors of 8 B to
-64 KiB blocks at twice their size apart, and a padded struct; each as a numpy view and
-as the equivalent MPI datatype. Variants in the same run: ``hpcpar-pack`` (the plan into
+64 KiB blocks at twice their size apart, a padded struct, and three small messages
+(64 B - 2 KiB: their Avg(us) is the pack's latency); each as a numpy view and as the
+equivalent MPI datatype. Variants in the same run: ``hpcpar-pack`` (the plan into
 a preallocated buffer), ``mpi-pack`` (``MPI.Datatype.Pack``, the peer), ``numpy``
 (``np.copyto`` of the view into a preallocated buffer, i.e. ``ascontiguousarray``
 without the allocation), and the unpack counterparts. Also: the machine's copy roof
@@ -83,7 +84,33 @@ def _cases(n: int) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
         return data, (data, every)
 
     cases.append(("struct (i1, f8, 3 x i2; padded to 24 B)", struct))
+    cases += _small_cases()
     return cases
+
+
+def _small_cases() -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
+    """Small messages, where the time per call (latency) is what counts."""
+    from mpi4py import MPI
+
+    def vector() -> tuple[np.ndarray, Any]:
+        a = np.random.default_rng(0).random(16)
+        return a, (a[::2], MPI.DOUBLE.Create_vector(8, 1, 2).Commit())
+
+    def block() -> tuple[np.ndarray, Any]:
+        a = np.random.default_rng(0).random((64, 64))
+        dt = MPI.DOUBLE.Create_subarray([64, 64], [16, 16], [8, 8]).Commit()
+        return a, (a[8:24, 8:24], dt)
+
+    def face() -> tuple[np.ndarray, Any]:
+        a = np.random.default_rng(0).random((16, 16, 16))
+        dt = MPI.DOUBLE.Create_subarray([16, 16, 16], [16, 16, 1], [0, 0, 0]).Commit()
+        return a, (a[:, :, 0], dt)
+
+    return [
+        ("small: 8 doubles at stride 2 (64 B)", vector),
+        ("small: 16 x 16 block of a 64 x 64 array (2 KiB)", block),
+        ("small: z face of a 16^3 block (2 KiB)", face),
+    ]
 
 
 def _variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> list[Variant]:

@@ -121,6 +121,26 @@ def test_allreduce_mpi_benchmark_end_to_end(comm, tmp_path, capsys):
 
 
 @pytest.mark.mpi
+def test_datatypes_benchmark_end_to_end(comm, tmp_path, capsys):
+    prefix = comm.bcast(str(tmp_path / "dt"), root=0)
+    argv = ["bench", "datatypes", "--n", "8", "--no-roof", "--repeats", "1", "--warmup", "1",
+            "--min-time", "0.0005", "--output", prefix]  # fmt: skip
+    assert_all(main(argv) == 0, "benchmark failed", comm)
+    if comm.Get_rank() == 0:
+        rows = json.loads(open(prefix + ".json").read())["results"]
+        cases = {r["case"] for r in rows}
+        # every pack and unpack checked against numpy's or MPI's bytes
+        assert rows and all(r["valid"] for r in rows)
+        small = {c for c in cases if c.startswith("small:")}
+        assert len(small) == 3 and {"x face (contiguous plane)", "interior (N-2)^3"} <= cases
+        sizes = {r["case"]: r["size"] for r in rows}
+        assert sorted(sizes[c] for c in small) == [64, 2048, 2048]
+        assert {r["variant"] for r in rows if r["case"] in small} == {
+            "hpcpar-pack", "mpi-pack", "numpy", "hpcpar-unpack", "mpi-unpack"}  # fmt: skip
+        assert ("halo" in cases) == (comm.Get_size() > 1)  # against hand-written Sendrecv
+
+
+@pytest.mark.mpi
 def test_checkpoint_benchmark_end_to_end(comm, tmp_path, capsys):
     folder = comm.bcast(str(tmp_path), root=0)
     layout = "ppn:1" if comm.Get_size() > 1 else None
