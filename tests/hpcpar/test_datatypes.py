@@ -492,3 +492,34 @@ def test_copy_threads_are_this_ranks_share_of_the_cores(monkeypatch):
             monkeypatch.setenv(name, value)
         monkeypatch.setattr(kernels, "_thread_count", [])
         assert kernels._threads() == want, env
+
+
+@pytest.mark.parametrize("kind", ["datatype", "view"])
+def test_packer_and_unpacker_repeat_pack_and_unpack_on_new_values(kind):
+    a = np.arange(64.0).reshape(8, 8)
+    t = MPI.DOUBLE.Create_vector(8, 3, 8).Commit()  # the first three columns
+    p = datatypes.plan(t) if kind == "datatype" else datatypes.plan(a[:, :3])
+    src = a.reshape(-1).view(np.uint8) if kind == "datatype" else a[:, :3]
+    out = np.empty(p.size, np.uint8)
+    pack = p.packer(src, out)
+    assert out.tobytes() == np.ascontiguousarray(a[:, :3]).tobytes()
+    a *= -2.5  # new values in the same memory: the next call packs them
+    assert pack() is None and out.tobytes() == np.ascontiguousarray(a[:, :3]).tobytes()
+    back = np.zeros((8, 8))
+    target = back.reshape(-1).view(np.uint8) if kind == "datatype" else back[:, :3]
+    unpack = p.unpacker(out, target)
+    assert np.array_equal(back[:, :3], a[:, :3]) and not back[:, 3:].any()
+    out[:] = np.ascontiguousarray(a[:, :3] + 1).view(np.uint8).reshape(-1)
+    unpack()
+    assert np.array_equal(back[:, :3], a[:, :3] + 1) and not back[:, 3:].any()
+    # unpack's remembered call checks that dst is still writable
+    frozen = target.view()
+    p.unpack(out, frozen)
+    frozen.flags.writeable = False
+    with pytest.raises(datatypes.DatatypeError, match="read-only"):
+        p.unpack(out, frozen)
+    with pytest.raises(datatypes.DatatypeError, match="out buffer"):
+        p.packer(src, None)
+    with pytest.raises(datatypes.DatatypeError, match="read-only"):
+        p.unpacker(out, frozen)
+    t.Free()
