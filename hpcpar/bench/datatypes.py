@@ -4,7 +4,8 @@ Cases: the x, y and z faces and the interior of an N^3 float64 array, vectors of
 64 KiB blocks at twice their size apart, a padded struct, and three small messages
 (64 B - 2 KiB: their Avg(us) is the pack's latency); each as a numpy view and as the
 equivalent MPI datatype. Variants in the same run: ``hpcpar-pack`` (the plan into
-a preallocated buffer), ``mpi-pack`` (``MPI.Datatype.Pack``, the peer), ``numpy``
+a preallocated buffer), ``hpcpar-packer`` (the same through ``Plan.packer``, the
+persistent form), ``mpi-pack`` (``MPI.Datatype.Pack``, the peer), ``numpy``
 (``np.copyto`` of the view into a preallocated buffer, i.e. ``ascontiguousarray``
 without the allocation), and the unpack counterparts. Also: the machine's copy roof
 (``np.copyto`` on a 2 GiB working set, 1 and 2 threads) and, on more than one rank, a 3D
@@ -136,7 +137,11 @@ def _variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> list[V
         extent = dt.Get_extent()[1]
         return (lambda: dt.Pack(base[:extent], target, 0, MPI.COMM_SELF)), checked(lambda: target)
 
-    variants = [Variant("hpcpar-pack", hp), Variant("mpi-pack", mp)]
+    def hpp(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        target = np.empty(size, np.uint8)  # the persistent form: Plan.packer
+        return p.packer(base, target), checked(lambda: target)
+
+    variants = [Variant("hpcpar-pack", hp), Variant("hpcpar-packer", hpp), Variant("mpi-pack", mp)]
     if view_plan is not None:
         typed = np.empty(view.shape, view.dtype)
 
