@@ -5,11 +5,11 @@ Cases: the x, y and z faces and the interior of an N^3 float64 array, vectors of
 (64 B - 2 KiB: their Avg(us) is the pack's latency); each as a numpy view and as the
 equivalent MPI datatype. Variants in the same run: ``hpcpar-pack`` (the plan into
 a preallocated buffer), ``hpcpar-packer`` (the same through ``Plan.packer``, the
-persistent form), ``mpi-pack`` (``MPI.Datatype.Pack``, the peer), ``numpy``
-(``np.copyto`` of the view into a preallocated buffer, i.e. ``ascontiguousarray``
-without the allocation), and the unpack counterparts. Also: the machine's copy roof
-(``np.copyto`` on a 2 GiB working set, 1 and 2 threads) and, on more than one rank, a 3D
-halo exchange against hand-written pack + Sendrecv.
+persistent form; ``hpcpar-unpacker`` likewise), ``mpi-pack`` (``MPI.Datatype.Pack``,
+the peer), ``numpy`` (``np.copyto`` of the view into a preallocated buffer, i.e.
+``ascontiguousarray`` without the allocation), and the unpack counterparts. Also: the
+machine's copy roof (``np.copyto`` on a 2 GiB working set, 1 and 2 threads) and, on
+more than one rank, a 3D halo exchange against hand-written pack + Sendrecv.
 """
 
 from __future__ import annotations
@@ -166,7 +166,12 @@ def _variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> list[V
             lambda: np.array_equal(p.pack(target), packed)
         )
 
-    return [*variants, Variant("hpcpar-unpack", hu), Variant("mpi-unpack", mu)]
+    def huu(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        target = np.zeros_like(base)  # the persistent form: Plan.unpacker
+        return p.unpacker(packed, target), (lambda: np.array_equal(p.pack(target), packed))
+
+    unpacks = [Variant("hpcpar-unpack", hu), Variant("hpcpar-unpacker", huu)]
+    return [*variants, *unpacks, Variant("mpi-unpack", mu)]
 
 
 def _roof() -> list[tuple[int, float]]:
