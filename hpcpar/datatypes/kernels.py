@@ -28,7 +28,6 @@ __all__ = [
     "copy_op",
     "run_copies",
     "replay",
-    "strided_copy",
     "copy_array",
 ]
 
@@ -134,12 +133,6 @@ def replay(ops: list[tuple[Any, np.ndarray, np.ndarray]]) -> Any:
     ):
         return functools.partial(memoryview(dst).__setitem__, slice(None), memoryview(src))
     return functools.partial(copy, dst, src)
-
-
-def strided_copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """``np.copyto(dst, src)`` for arrays of one shape, faster when they are large."""
-    copy, d, s = copy_op(dst, src)
-    copy(d, s)
 
 
 def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray]:
