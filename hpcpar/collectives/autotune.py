@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..runtime.env import getenv_fast
+from ..runtime.env import TRUE_WORDS, getenv_fast
 from .state import fast_state
 
 __all__ = [
@@ -45,7 +45,7 @@ _PROFILE = b"HPCPAR_PROFILE"
 def autotune_on() -> bool:
     """Whether ``HPCPAR_AUTOTUNE`` asks for online tuning (read on every call)."""
     value = getenv_fast("HPCPAR_AUTOTUNE", _KEY)
-    return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
+    return value is not None and value.strip().lower() in TRUE_WORDS
 
 
 def measure_calls(state: Any, name: str, run: Any) -> float:

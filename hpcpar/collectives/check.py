@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..layout import format_ranks
-from ..runtime.env import getenv_fast
+from ..runtime.env import TRUE_WORDS, getenv_fast
 from .errors import CollectiveMismatchError
 
 __all__ = ["checking", "check_same"]
@@ -22,7 +22,7 @@ _KEY = b"HPCPAR_CHECK"
 def checking() -> bool:
     """Whether ``HPCPAR_CHECK`` is on (read on every call, so it can be switched any time)."""
     value = getenv_fast("HPCPAR_CHECK", _KEY)
-    return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
+    return value is not None and value.strip().lower() in TRUE_WORDS
 
 
 def check_same(comm: Any, collective: str, **fields: Any) -> None:

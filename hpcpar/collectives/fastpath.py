@@ -10,12 +10,12 @@ cores each microsecond of Python here costs about three of wall time per call.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
+from ..runtime.env import RAW_ENVIRON, TRUE_WORDS
 from . import mpi_library
 from .channel import _last
 from .select import choose
@@ -23,8 +23,8 @@ from .state import fast_state
 
 __all__ = ["fast_allreduce"]
 
-_RAW = getattr(os.environ, "_data", None) if os.name == "posix" else None
-_ON = (b"1", b"true", b"yes", b"on")
+_RAW = RAW_ENVIRON
+_ON = tuple(word.encode() for word in TRUE_WORDS)
 _IN_PLACE = MPI.IN_PLACE
 
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["launcher_rank_size", "env_flag", "getenv_fast", "usable_cores"]
+__all__ = [
+    "launcher_rank_size", "env_flag", "getenv_fast", "usable_cores", "RAW_ENVIRON", "TRUE_WORDS",
+]  # fmt: skip
+
+TRUE_WORDS = ("1", "true", "yes", "on")  # what a boolean HPCPAR_* variable takes as true
 
 # (rank variable, size variable) of the process managers we know: Hydra/PMI, PMIx,
 # Open MPI, Slurm.
@@ -31,10 +35,12 @@ def env_flag(name: str, default: bool = False) -> bool:
     value = os.environ.get(name)
     if value is None or value == "":
         return default
-    return value.strip().lower() in ("1", "true", "yes", "on")
+    return value.strip().lower() in TRUE_WORDS
 
 
 _RAW = getattr(os.environ, "_data", None)  # CPython's encoded mapping behind os.environ
+# The live environment as a dict of bytes (POSIX CPython), for the hottest paths; else None.
+RAW_ENVIRON = _RAW if os.name == "posix" else None
 
 
 def getenv_fast(name: str, key: bytes | None = None) -> str | None:
