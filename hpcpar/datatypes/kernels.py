@@ -175,7 +175,7 @@ def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarr
         run = row if dst.strides[-1] == item else item  # bytes dst takes at a time
         if dst.flags.c_contiguous:
             run = nbytes
-        streaming = nbytes >= STREAMING_BYTES and run >= STREAM_RUN_BYTES
+        streaming = nbytes >= _streaming_from() and run >= STREAM_RUN_BYTES
         if streaming and SHORT_ROW_BYTES <= row < LONG_ROW_BYTES and _sparse_rows(src):
             streaming = False  # reading dominates: numpy's memcpy per row reads faster
         loop = _compiled(dst.ndim, streaming) if streaming or row < SHORT_ROW_BYTES else None
@@ -235,7 +235,18 @@ def streaming_bytes() -> int:
     return max(COMPILED_BYTES, _last_level_cache() // (8 * _local_ranks()))
 
 
-STREAMING_BYTES = streaming_bytes()  # copies this large stream (into long runs)
+# Copies this large stream (into long runs): ``streaming_bytes()``, read on first use
+# rather than at import (it reads sysfs).
+STREAMING_BYTES: int | None = None
+
+
+def _streaming_from() -> int:
+    global STREAMING_BYTES
+    if STREAMING_BYTES is None:
+        STREAMING_BYTES = streaming_bytes()
+    return STREAMING_BYTES
+
+
 PARALLEL_BYTES = 4 << 20  # copies this large are split across threads (all drop the GIL)
 _pool: list[Any] = []
 _loops: dict[tuple[int, bool], Any] = {}
