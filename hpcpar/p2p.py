@@ -2,9 +2,12 @@
 
 Contiguous arrays go to MPI as they are. Anything else is packed with its plan into a
 contiguous buffer first (and unpacked on arrival): mpi4py refuses non-contiguous views
-outright, and the numpy packer runs at memory speed. With ``comm=None`` the messages use
-hpcpar's own communicator, so both sides must use hpcpar; pass a communicator to talk to
-code that calls mpi4py directly (the bytes on the wire are the packed data).
+outright, and the numpy packer runs at memory speed. GPU arrays (cupy, or anything with
+the CUDA array interface; any layout) travel through host memory, packed on the device
+or staged by a 2D copy (``method``; see ``datatypes.choose``). With ``comm=None`` the
+messages use hpcpar's own communicator, so both sides must use hpcpar; pass a
+communicator to talk to code that calls mpi4py directly (the bytes on the wire are the
+packed data).
 """
 
 from __future__ import annotations
@@ -52,8 +55,31 @@ def _typed(arr: np.ndarray, method: str) -> tuple[Any, MPI.Datatype, int] | None
     return [base, 1, dt], dt, view_plan.size
 
 
-def _outgoing(obj: Any, datatype: Any, count: int) -> np.ndarray:
+def _on_device(obj: Any) -> bool:
+    return hasattr(obj, "__cuda_array_interface__") and not isinstance(obj, np.ndarray)
+
+
+def _device_method(obj: Any, method: str) -> str:
+    """``staged`` or ``device`` for a GPU array (``auto``: the measured table, else a rule)."""
+    if method == "auto":
+        from .datatypes.choose import device_send_method
+
+        return device_send_method(plan(obj))[0]
+    if method not in ("staged", "device"):
+        raise DatatypeError(
+            f"method for a GPU array must be auto, staged or device, not {method!r}"
+        )
+    return method
+
+
+def _outgoing(obj: Any, datatype: Any, count: int, method: str = "auto") -> np.ndarray:
     """The bytes to send: the array itself when contiguous, else its packed copy."""
+    if _on_device(obj):
+        from .datatypes import gpu
+
+        if datatype is not None:
+            return gpu.pack_device(plan(datatype), obj, count=count).get()
+        return gpu.device_to_host(obj, _device_method(obj, method))
     if datatype is not None:
         return plan(datatype).pack(obj, count=count)
     arr = np.asarray(obj)
@@ -65,8 +91,17 @@ def _outgoing(obj: Any, datatype: Any, count: int) -> np.ndarray:
 class _Incoming:
     """Where a message lands: ``obj`` itself when contiguous, else a buffer to unpack."""
 
-    def __init__(self, obj: Any, datatype: Any, count: int) -> None:
+    def __init__(self, obj: Any, datatype: Any, count: int, method: str = "auto") -> None:
         self.obj, self.datatype, self.count = obj, datatype, count
+        self.device: str | None = None
+        if _on_device(obj):  # arrives in host memory, then goes to the device
+            from .datatypes.gpu import require_cupy
+
+            require_cupy(obj)  # before the receive, not after it
+            self.device = "datatype" if datatype is not None else _device_method(obj, method)
+            self.plan = plan(datatype if datatype is not None else obj)
+            self.buffer = np.empty(self.plan.size * count, np.uint8)
+            return
         if datatype is not None:
             self.plan = plan(datatype)
             self.buffer = np.empty(self.plan.size * count, np.uint8)
@@ -87,7 +122,17 @@ class _Incoming:
         got = status.Get_count(MPI.BYTE)
         if got != self.buffer.size:
             raise DatatypeError(f"received {got} bytes where {self.buffer.size} were expected")
-        if self.plan is not None:
+        if self.device is not None:
+            from .datatypes import gpu
+
+            if self.device == "datatype":
+                import cupy
+
+                gpu.unpack_device(self.plan, cupy.asarray(self.buffer), self.obj, count=self.count)
+                cupy.cuda.get_current_stream().synchronize()
+            else:
+                gpu.host_to_device(self.buffer, self.obj, self.device)
+        elif self.plan is not None:
             self.plan.unpack(self.buffer, self.obj, count=self.count)
         return self.obj
 
@@ -123,7 +168,9 @@ def send(
 
     ``method`` for non-contiguous views: ``"pack"`` (copy into a contiguous buffer),
     ``"datatype"`` (zero copy: MPI walks an equivalent derived datatype), or ``"auto"``
-    (the measured table in the profile, else pack; see ``datatypes.explain_send``).
+    (the measured table in the profile, else pack; see ``datatypes.explain_send``); for
+    GPU arrays ``"staged"`` (a 2D copy into host memory), ``"device"`` (the pack kernel,
+    then one copy) or ``"auto"``.
     """
     if datatype is None and isinstance(obj, np.ndarray) and not obj.flags.c_contiguous:
         typed = _typed(obj, method)
@@ -134,7 +181,7 @@ def send(
             finally:
                 dt.Free()
             return
-    resolve_comm(comm).Send(_outgoing(obj, datatype, count), dest, tag)
+    resolve_comm(comm).Send(_outgoing(obj, datatype, count, method), dest, tag)
 
 
 def recv(
@@ -176,7 +223,7 @@ def recv(
                     f"received {status.Get_count(MPI.BYTE)} bytes where {size} were expected"
                 )
             return obj
-    incoming = _Incoming(obj, datatype, count)
+    incoming = _Incoming(obj, datatype, count, method)
     with _Truncation(incoming.buffer.size):
         resolve_comm(comm).Recv(incoming.buffer, source, tag, status)
     return incoming.finish(status)

@@ -4,6 +4,12 @@ A small table measured by ``hpcpar calibrate`` (block size x message size -> sec
 each method, between two ranks) decides; the nearest measured class in log scale is
 used. Without a table hpcpar packs: on this project's machines its packer beats the
 MPI library's datatype engine on every irregular layout it was measured on.
+
+GPU arrays travel through host memory, by one of two methods (``device_send_method``):
+``staged``, one ``cudaMemcpy2D`` between the view and host memory where the layout is
+one strided run, or ``device``, the pack kernel into a device buffer and one contiguous
+copy. ``calibrate`` times both where a GPU is present (a table like the one above);
+without one, a layout one 2D copy can move is staged and any other takes the kernel.
 ``explain_send`` shows the choice and the figures behind it.
 """
 
@@ -12,10 +18,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from .ir import Strided
 from .plan import Plan
 
-__all__ = ["send_method", "explain_send", "typical_block"]
+__all__ = ["send_method", "device_send_method", "explain_send", "typical_block"]
 
 
 def typical_block(p: Plan) -> int:
@@ -32,10 +40,10 @@ def typical_block(p: Plan) -> int:
     return int(weighted / total) if total else 0
 
 
-def _table(profile: Any) -> list[list[float]]:
+def _table(profile: Any, key: str = "send_methods") -> list[list[float]]:
     if profile is None:
         return []
-    entry = getattr(profile, "mpi_library", {}).get("send_methods")
+    entry = getattr(profile, "mpi_library", {}).get(key)
     return entry.get("table", []) if isinstance(entry, dict) else []
 
 
@@ -53,11 +61,7 @@ def _nearest(table: list[list[float]], block: int, nbytes: int) -> list[float] |
 
 def send_method(p: Plan, count: int = 1, profile: Any = None) -> tuple[str, str]:
     """``("pack" | "datatype", reason)`` for sending ``count`` elements of ``p``."""
-    if profile is None:
-        from ..collectives.cost.profile import active_profile
-
-        profile = active_profile()
-    row = _nearest(_table(profile), typical_block(p), p.size * count)
+    row = _nearest(_table(_active(profile)), typical_block(p), p.size * count)
     if row is None:
         return "pack", "no measured send table (hpcpar calibrate records one): pack"
     block, nbytes, pack_s, datatype_s = row[:4]
@@ -68,11 +72,39 @@ def send_method(p: Plan, count: int = 1, profile: Any = None) -> tuple[str, str]
     )
 
 
+def _active(profile: Any) -> Any:
+    if profile is None:
+        from ..collectives.cost.profile import active_profile
+
+        return active_profile()
+    return profile
+
+
+def device_send_method(p: Plan, profile: Any = None) -> tuple[str, str]:
+    """``("staged" | "device", reason)`` for moving a GPU view's packed bytes to or from host."""
+    from .gpu import _one_dma
+
+    row = _nearest(_table(_active(profile), "device_send_methods"), typical_block(p), p.size)
+    if row is not None:
+        block, nbytes, device_s, staged_s = row[:4]
+        method = "staged" if staged_s <= device_s else "device"
+        return method, (
+            f"measured near {int(block)} B blocks / {int(nbytes)} B: device pack "
+            f"{device_s * 1e6:.1f} us, staged {staged_s * 1e6:.1f} us"
+        )
+    if _one_dma(p._kernels(1)) is not None:
+        return "staged", "no measured table: one strided run is one cudaMemcpy2D to the host"
+    return "device", "no measured table: the layout needs the pack kernel, then one copy"
+
+
 def explain_send(obj: Any, count: int = 1, profile: Any = None) -> str:
     """One paragraph: the layout, its typical block, the chosen method and why."""
     from .plan import plan
 
     p = obj if isinstance(obj, Plan) else plan(obj)
-    method, reason = send_method(p, count, profile)
+    if hasattr(obj, "__cuda_array_interface__") and not isinstance(obj, np.ndarray):
+        method, reason = device_send_method(p, profile)
+    else:
+        method, reason = send_method(p, count, profile)
     sizes = f"typical block {typical_block(p)} B, {p.size * count} B packed"
     return f"{p.describe()}\n{sizes}\nsend by: {method} ({reason})"

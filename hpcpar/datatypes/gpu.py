@@ -6,6 +6,11 @@ launch whatever its nesting. For layouts with one strided dimension, a single
 ``cudaMemcpy2DAsync`` copies straight into pinned host memory (device to host staging
 with no intermediate device buffer). Both need cupy and a GPU; the tests skip with that
 reason elsewhere.
+
+Point-to-point (``hpcpar.send`` and the rest) moves a GPU array's packed bytes through
+host memory (the MPI library from PyPI is not CUDA-aware): ``device_to_host`` /
+``host_to_device`` by either method, ``staged`` (the 2D copy, straight between the
+view and host memory) or ``device`` (the kernel into a device buffer, one copy).
 """
 
 from __future__ import annotations
@@ -18,7 +23,15 @@ from .errors import DatatypeError
 from .kernels import Kernel, _word
 from .plan import Plan
 
-__all__ = ["pack_device", "unpack_device", "pack_to_host"]
+__all__ = [
+    "pack_device",
+    "unpack_device",
+    "pack_to_host",
+    "unpack_from_host",
+    "device_to_host",
+    "host_to_device",
+    "gpu_available",
+]
 
 _SOURCE = r"""
 template<typename T>
@@ -130,7 +143,8 @@ def pack_to_host(p: Plan, src: Any, *, origin: int = 0) -> np.ndarray:
     """Pack one element of a cupy buffer straight into pinned host memory.
 
     One ``cudaMemcpy2DAsync`` when the layout is one block over at most one strided
-    dimension; otherwise a device pack followed by one contiguous copy.
+    dimension with a positive stride of at least the block; otherwise a device pack
+    followed by one contiguous copy.
     """
     import cupy
 
@@ -138,23 +152,134 @@ def pack_to_host(p: Plan, src: Any, *, origin: int = 0) -> np.ndarray:
     p._bounds(area, origin, 1, "src")
     pinned = cupy.cuda.alloc_pinned_memory(max(p.size, 1))
     host = np.frombuffer(pinned, np.uint8, p.size)
-    kernels: list[Kernel] = p._kernels(1)
     stream = cupy.cuda.get_current_stream()
-    if len(kernels) == 1 and len(kernels[0].dims) <= 1:
-        k = kernels[0]
-        rows, pitch = (k.dims[0][0], k.dims[0][1]) if k.dims else (1, k.size)
-        cupy.cuda.runtime.memcpy2DAsync(
-            host.ctypes.data,
-            k.size,
-            area.data.ptr + origin + k.src,
-            pitch,
-            k.size,
-            rows,
-            cupy.cuda.runtime.memcpyDeviceToHost,
-            stream.ptr,
-        )
+    dma = _one_dma(p._kernels(1))
+    if dma is not None:
+        src, rows, pitch, width = dma
+        if width:
+            cupy.cuda.runtime.memcpy2DAsync(
+                host.ctypes.data,
+                width,
+                area.data.ptr + origin + src,
+                pitch,
+                width,
+                rows,
+                cupy.cuda.runtime.memcpyDeviceToHost,
+                stream.ptr,
+            )
     else:
         packed = pack_device(p, src, origin=origin)
         packed.get(out=host, stream=stream)
     stream.synchronize()
     return host
+
+
+def _one_dma(kernels: list[Kernel]) -> tuple[int, int, int, int] | None:
+    """``(src, rows, pitch, width)`` when the layout is one ``cudaMemcpy2D``, else None.
+
+    That is one block over at most one dimension whose stride is positive and at least the
+    block (the pitch a 2D copy needs); negative or overlapping strides take the kernel.
+    """
+    if len(kernels) != 1 or len(kernels[0].dims) > 1:
+        return None
+    k = kernels[0]
+    if not k.dims:
+        return k.src, 1, max(k.size, 1), k.size
+    rows, pitch, packed_pitch = k.dims[0]
+    if pitch < k.size or packed_pitch != k.size:
+        return None
+    return k.src, rows, pitch, k.size
+
+
+def unpack_from_host(p: Plan, host: np.ndarray, dst: Any, *, origin: int = 0) -> Any:
+    """Scatter packed host bytes into one element of a cupy buffer (``pack_to_host``'s inverse).
+
+    One ``cudaMemcpy2DAsync`` from host memory when the layout allows it, else one
+    contiguous copy to the device and the unpack kernel.
+    """
+    import cupy
+
+    area = _device_bytes(dst, "dst")
+    p._bounds(area, origin, 1, "dst")
+    if host.size < p.size:
+        raise DatatypeError(f"buf has {host.size} bytes; unpacking needs {p.size}")
+    host = np.ascontiguousarray(host[: p.size])
+    stream = cupy.cuda.get_current_stream()
+    dma = _one_dma(p._kernels(1))
+    if dma is not None:
+        src, rows, pitch, width = dma
+        if width:
+            cupy.cuda.runtime.memcpy2DAsync(
+                area.data.ptr + origin + src,
+                pitch,
+                host.ctypes.data,
+                width,
+                width,
+                rows,
+                cupy.cuda.runtime.memcpyHostToDevice,
+                stream.ptr,
+            )
+    else:
+        unpack_device(p, cupy.asarray(host), area, origin=origin)
+    stream.synchronize()
+    return dst
+
+
+def require_cupy(obj: Any) -> Any:
+    """The cupy module, or a DatatypeError naming ``obj``'s type when cupy is missing."""
+    try:
+        import cupy
+    except ImportError:
+        raise DatatypeError(
+            f"{type(obj).__name__} is a GPU array; sending or receiving it needs cupy"
+        ) from None
+    return cupy
+
+
+def device_view(obj: Any) -> tuple[Plan, Any, int]:
+    """A device view's plan, a cupy uint8 array over the bytes it touches, and its origin there.
+
+    Works for any object with the CUDA array interface (cupy, numba, torch): the bytes
+    are addressed from the view's first element, so negative strides work too.
+    """
+    cupy = require_cupy(obj)
+    from .ir import span
+    from .plan import plan
+
+    x = cupy.asarray(obj)  # zero copy through __cuda_array_interface__
+    p = plan(x)
+    lo, hi = span(p.items)
+    area = cupy.ndarray((hi - lo,), cupy.uint8, memptr=x.data + lo)
+    return p, area, -lo
+
+
+def device_to_host(obj: Any, method: str) -> np.ndarray:
+    """The packed bytes of a device array in host memory, by ``method`` (staged or device)."""
+    p, area, origin = device_view(obj)
+    if method == "staged":
+        return pack_to_host(p, area, origin=origin)
+    packed = pack_device(p, area, origin=origin)
+    return packed.get()
+
+
+def host_to_device(host: np.ndarray, obj: Any, method: str) -> Any:
+    """Unpack host bytes into a device array, by ``method`` (staged or device); returns ``obj``."""
+    import cupy
+
+    p, area, origin = device_view(obj)
+    if method == "staged":
+        unpack_from_host(p, host, area, origin=origin)
+    else:
+        unpack_device(p, cupy.asarray(host[: p.size]), area, origin=origin)
+        cupy.cuda.get_current_stream().synchronize()
+    return obj
+
+
+def gpu_available() -> bool:
+    """Whether cupy imports and sees at least one GPU."""
+    try:
+        import cupy
+
+        return bool(cupy.cuda.runtime.getDeviceCount() > 0)
+    except Exception:  # no cupy, no driver or no device
+        return False

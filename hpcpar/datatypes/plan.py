@@ -324,12 +324,14 @@ def _unpack_view(p: Plan, packed: np.ndarray, dst: np.ndarray) -> list[Any]:
     return ops
 
 
-def _view_items(arr: np.ndarray) -> tuple[Item, ...]:
-    if any(s == 0 and n > 1 for s, n in zip(arr.strides, arr.shape, strict=True)):
+def _view_items(
+    shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int
+) -> tuple[Item, ...]:
+    if any(s == 0 and n > 1 for s, n in zip(strides, shape, strict=True)):
         raise DatatypeError(
             "arrays with zero strides (broadcast views) have no plan: copy them first"
         )
-    return canonical((Strided(0, arr.itemsize, tuple(arr.shape), tuple(arr.strides)),))
+    return canonical((Strided(0, itemsize, shape, strides),))
 
 
 def _dtype_items(dtype: np.dtype, offset: int = 0) -> tuple[Item, ...]:
@@ -384,7 +386,7 @@ def plan(obj: Any, count: int = 1) -> Plan:
         dtype = np.dtype(obj)
         return Plan(_dtype_items(dtype), 0, dtype.itemsize, f"numpy dtype {dtype}")
     if isinstance(obj, np.ndarray):
-        items = _view_items(obj)
+        items = _view_items(tuple(obj.shape), tuple(obj.strides), obj.itemsize)
         lo, hi = span(items)
         return Plan(
             items, lo, hi - lo, f"numpy view {obj.shape} {obj.dtype}", tuple(obj.shape), obj.dtype
@@ -395,7 +397,7 @@ def plan(obj: Any, count: int = 1) -> Plan:
         strides = iface.get("strides") or tuple(
             itemsize * int(np.prod(iface["shape"][i + 1 :])) for i in range(len(iface["shape"]))
         )
-        items = canonical((Strided(0, itemsize, tuple(iface["shape"]), tuple(strides)),))
+        items = _view_items(tuple(iface["shape"]), tuple(strides), itemsize)
         lo, hi = span(items)
         return Plan(
             items,

@@ -8,9 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
 
+import hpcpar
 from hpcpar import datatypes
 from hpcpar.datatypes import DatatypeError
 from hpcpar.datatypes.decode import mpi_pack, probe_layout
+from hpcpar.datatypes.gpu import gpu_available
 
 NAMED = [MPI.BYTE, MPI.SHORT, MPI.INT, MPI.DOUBLE, MPI.FLOAT, MPI.C_DOUBLE_COMPLEX]
 
@@ -386,16 +388,89 @@ def test_send_method_follows_the_measured_table():
         profile_from_json(doc)
 
 
-def _gpu() -> bool:
+class _FakeDeviceArray:
+    """Only the CUDA array interface of a device array (nothing behind its pointer)."""
+
+    def __init__(self, shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "strides": strides,
+            "typestr": "<f8",
+            "data": (0, False),
+            "version": 3,
+        }
+
+
+def test_device_send_method_follows_the_table_else_the_layout():
+    from hpcpar.collectives.cost.profile import ProfileError, default_profile, profile_from_json
+    from hpcpar.datatypes.choose import device_send_method, explain_send
+
+    bare = default_profile()
+    column = datatypes.plan(np.zeros((64, 64))[:, :8])  # one strided run: one 2D copy
+    interior = datatypes.plan(np.zeros((8, 8, 8))[1:-1, 1:-1, 1:-1])  # two strided dims
+    backwards = datatypes.plan(np.zeros(64)[::-2])  # a 2D copy's pitch cannot be negative
+    contiguous = datatypes.plan(np.zeros(64))
+    assert device_send_method(column, bare)[0] == "staged"
+    assert device_send_method(contiguous, bare)[0] == "staged"
+    assert device_send_method(interior, bare)[0] == "device"
+    assert device_send_method(backwards, bare)[0] == "device"
+    table = [[64, 4096, 1e-5, 2e-5], [8, 4096, 3e-5, 2e-5]]  # [block, bytes, device s, staged s]
+    doc = {**bare.to_json(), "mpi_library": {"device_send_methods": {"ranks": 1, "table": table}}}
+    measured = profile_from_json(doc)
+    method, reason = device_send_method(column, measured)  # 64 B blocks: the first row
+    assert method == "device" and "device pack 10.0 us, staged 20.0 us" in reason
+    assert device_send_method(backwards, measured)[0] == "staged"  # 8 B blocks: the second
+    text = explain_send(_FakeDeviceArray((16, 4), (256, 8)), profile=bare)
+    assert "send by: staged" in text and "typical block 32 B" in text
+    doc["mpi_library"]["device_send_methods"]["table"] = [[8, 4096, 1e-5]]
+    with pytest.raises(ProfileError, match=r"device_send_methods\.table must be \[\[block"):
+        profile_from_json(doc)
+
+
+def test_device_views_bad_input_without_a_gpu():
+    with pytest.raises(DatatypeError, match="zero strides"):
+        datatypes.plan(_FakeDeviceArray((4, 4), (0, 8)))
+    fake = _FakeDeviceArray((4, 4), (64, 8))
+    assert datatypes.plan(fake).size == 128  # the plan needs only the interface
+    with pytest.raises(DatatypeError, match="GPU array must be auto, staged or device"):
+        hpcpar.send(fake, 0, comm=MPI.COMM_SELF, method="pack")
     try:
-        import cupy
+        import cupy  # noqa: F401
+    except ImportError:
+        with pytest.raises(DatatypeError, match="GPU array; sending or receiving it needs cupy"):
+            hpcpar.send(fake, 0, comm=MPI.COMM_SELF)
+        with pytest.raises(DatatypeError, match="needs cupy"):
+            hpcpar.recv(fake, 0, comm=MPI.COMM_SELF)
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # no cupy, no driver or no device
-        return False
+
+@pytest.mark.skipif(not gpu_available(), reason="needs cupy and a GPU")
+@pytest.mark.parametrize("method", ["staged", "device"])
+def test_gpu_views_reach_the_host_and_back(method):
+    import cupy
+
+    from hpcpar.datatypes.gpu import device_to_host, host_to_device
+
+    base = np.arange(16 * 18 * 20, dtype=np.float64).reshape(16, 18, 20)
+    for index in (
+        np.s_[:, :, 3],  # single words at a stride: one 2D copy
+        np.s_[:, 4, :],  # rows
+        np.s_[2],  # contiguous
+        np.s_[1:-1, 1:-1, 1:-1],  # two strided dimensions: the kernel
+        np.s_[::-1, :, ::-2],  # negative strides
+    ):
+        device = cupy.asarray(base)
+        host = device_to_host(device[index], method)
+        assert host.tobytes() == np.ascontiguousarray(base[index]).tobytes(), index
+        target = cupy.zeros_like(device)
+        host_to_device(host, target[index], method)
+        want = np.zeros_like(base)
+        want[index] = base[index]
+        assert cupy.asnumpy(target).tobytes() == want.tobytes(), index
+    fortran = cupy.asfortranarray(cupy.asarray(base[0]))
+    assert device_to_host(fortran, method).tobytes() == np.ascontiguousarray(base[0]).tobytes()
 
 
-@pytest.mark.skipif(not _gpu(), reason="needs cupy and a GPU")
+@pytest.mark.skipif(not gpu_available(), reason="needs cupy and a GPU")
 def test_gpu_packers_match_the_cpu_packer():
     import cupy
 

@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 import hpcpar
 from hpcpar.datatypes import DatatypeError
+from hpcpar.datatypes.gpu import gpu_available
 from hpcpar.testing import assert_all
 
 pytestmark = pytest.mark.mpi
@@ -132,3 +133,46 @@ def test_explain_send_and_bad_method(comm):
     assert "send by: pack" in text and "typical block 8 B" in text
     with pytest.raises(DatatypeError, match="method must be"):
         hpcpar.send(np.zeros((4, 4))[:, 0], comm.Get_rank(), method="smoke")
+
+
+@pytest.mark.skipif(not gpu_available(), reason="needs cupy and a GPU")
+@pytest.mark.parametrize("method", ["auto", "staged", "device"])
+def test_gpu_views_over_a_ring(comm, method):
+    import cupy
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    host_grid = np.arange(6 * 8 * 5, dtype=np.float64).reshape(6, 8, 5)
+    grid = cupy.asarray(host_grid + 1000 * rank)
+    want_grid = host_grid + 1000 * left
+    column = cupy.zeros(6)
+    hpcpar.sendrecv(grid[:, 3, 0], right, column, left)  # auto
+    ok = np.array_equal(cupy.asnumpy(column), want_grid[:, 3, 0])
+    got = cupy.zeros((6, 8, 5))
+    requests = [
+        hpcpar.irecv(got[::2, ::-1, 1:3], left, tag=5),
+        hpcpar.isend(grid[1::2, :, 2:4], right, tag=5),
+    ]
+    requests[1].wait()
+    requests[0].wait()
+    want = np.zeros((6, 8, 5))
+    want[::2, ::-1, 1:3] = want_grid[1::2, :, 2:4]
+    ok &= np.array_equal(cupy.asnumpy(got), want)
+    if size > 1:  # blocking both ways between two ranks, with the method asked for
+        face = cupy.zeros((6, 5))
+        if rank % 2 == 0:
+            hpcpar.send(grid[:, 7, :], right, tag=7, method=method)
+            hpcpar.recv(face, left, tag=7, method=method)
+        else:
+            hpcpar.recv(face, left, tag=7, method=method)
+            hpcpar.send(grid[:, 7, :], right, tag=7, method=method)
+        ok &= np.array_equal(cupy.asnumpy(face), want_grid[:, 7, :])
+        cpu = np.zeros((6, 5))  # a GPU array's bytes received into host memory
+        if rank % 2 == 0:
+            hpcpar.send(grid[:, 0, :], right, tag=8, method=method)
+            hpcpar.recv(cpu, left, tag=8)
+        else:
+            hpcpar.recv(cpu, left, tag=8)
+            hpcpar.send(grid[:, 0, :], right, tag=8, method=method)
+        ok &= np.array_equal(cpu, want_grid[:, 0, :])
+    assert_all(ok, f"GPU views over a ring, {method}", comm)

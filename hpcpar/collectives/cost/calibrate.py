@@ -3,6 +3,8 @@
 Collective over the job. Intra-node alpha/beta come from a ping-pong between two ranks
 of one node, inter-node from a ping-pong between two node leaders (copied from the
 intra-node level when the job has one node); gamma from numpy's add on a few MiB;
+where rank 0 has a GPU, the two ways a GPU view's bytes reach host memory (``staged`` by
+a 2D copy, ``device`` by the pack kernel), which ``hpcpar.send`` chooses between;
 hpcpar's software costs from its own calls against the library's and the model; and
 the library's collectives are timed at a few sizes (loops of calls, as benchmarks time
 them) so ``auto`` can weigh them against hpcpar's.
@@ -178,6 +180,29 @@ def _send_methods(comm: Any, repeats: int) -> list[list[float]]:
     return rows
 
 
+def _device_send_methods(repeats: int) -> list[list[float]]:
+    """Time a GPU view's trip to host memory and back by both methods (this rank alone)."""
+    import cupy
+
+    from ...datatypes.gpu import device_to_host, host_to_device
+
+    rows = []
+    for block in (8, 512, 65536):
+        for total in (1 << 16, 1 << 22):
+            view = cupy.zeros(2 * total, cupy.uint8).reshape(-1, 2 * block)[:, :block]
+            times = []
+            for method in ("device", "staged"):
+                host_to_device(device_to_host(view, method), view, method)  # warm up
+                samples = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    host_to_device(device_to_host(view, method), view, method)
+                    samples.append((time.perf_counter() - start) / 2)
+                times.append(statistics.median(samples))
+            rows.append([block, total, *times])
+    return rows
+
+
 def _oversubscribed(comm: Any) -> bool:
     """Whether some machine runs more of the job's ranks than it has cores (collective).
 
@@ -222,6 +247,13 @@ def calibrate(comm: Any, hierarchy: Any, *, repeats: int = 9, name: str | None =
     }
     if comm.Get_size() > 1:
         library["send_methods"] = {"ranks": 2, "table": _send_methods(comm, repeats)}
+    from ...datatypes.gpu import gpu_available
+
+    device = comm.bcast(
+        _device_send_methods(repeats) if comm.Get_rank() == 0 and gpu_available() else None
+    )
+    if device:
+        library["device_send_methods"] = {"ranks": 1, "table": device}
     where = f"{comm.Get_size()} ranks, layout {hierarchy.layout or 'real'}"
     crowded = _oversubscribed(comm)
     return Profile(

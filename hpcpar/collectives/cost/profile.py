@@ -195,16 +195,20 @@ def profile_from_json(doc: Any, name: str = "profile") -> Profile:
         raise ProfileError(f"{name}: mpi_library must be an object")
     for collective, entry in library.items():
         table = entry.get("table") if isinstance(entry, dict) else None
-        width = 4 if collective == "send_methods" else 2  # [block, bytes, pack s, datatype s]
+        # [block, bytes, pack s, datatype s] and [block, bytes, device s, staged s]
+        width = 4 if collective in ("send_methods", "device_send_methods") else 2
         if not isinstance(table, list) or not all(
             isinstance(row, list)
             and len(row) == width
             and all(isinstance(v, (int, float)) for v in row)
             for row in table
         ):
-            raise ProfileError(
-                f"{name}: mpi_library.{collective}.table must be [[bytes, seconds], ...]"
+            shape = (
+                "[[block, bytes, seconds, seconds], ...]"
+                if width == 4
+                else "[[bytes, seconds], ...]"
             )
+            raise ProfileError(f"{name}: mpi_library.{collective}.table must be {shape}")
     return Profile(
         name=str(doc.get("name", name)),
         intra=Level(
