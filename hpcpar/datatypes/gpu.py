@@ -153,21 +153,7 @@ def pack_to_host(p: Plan, src: Any, *, origin: int = 0) -> np.ndarray:
     pinned = cupy.cuda.alloc_pinned_memory(max(p.size, 1))
     host = np.frombuffer(pinned, np.uint8, p.size)
     stream = cupy.cuda.get_current_stream()
-    dma = _one_dma(p._kernels(1))
-    if dma is not None:
-        src, rows, pitch, width = dma
-        if width:
-            cupy.cuda.runtime.memcpy2DAsync(
-                host.ctypes.data,
-                width,
-                area.data.ptr + origin + src,
-                pitch,
-                width,
-                rows,
-                cupy.cuda.runtime.memcpyDeviceToHost,
-                stream.ptr,
-            )
-    else:
+    if not _copy_2d(p, area, origin, host, stream, to_host=True):
         packed = pack_device(p, src, origin=origin)
         packed.get(out=host, stream=stream)
     stream.synchronize()
@@ -191,6 +177,28 @@ def _one_dma(kernels: list[Kernel]) -> tuple[int, int, int, int] | None:
     return k.src, rows, pitch, k.size
 
 
+def _copy_2d(p: Plan, area: Any, origin: int, host: np.ndarray, stream: Any, to_host: bool) -> bool:
+    """One ``cudaMemcpy2DAsync`` between the layout in ``area`` and packed ``host`` bytes.
+
+    Returns False, copying nothing, when the layout is not one 2D copy.
+    """
+    import cupy
+
+    dma = _one_dma(p._kernels(1))
+    if dma is None:
+        return False
+    start, rows, pitch, width = dma
+    if width:
+        device, runtime = area.data.ptr + origin + start, cupy.cuda.runtime
+        if to_host:
+            runtime.memcpy2DAsync(host.ctypes.data, width, device, pitch, width, rows,
+                                  runtime.memcpyDeviceToHost, stream.ptr)  # fmt: skip
+        else:
+            runtime.memcpy2DAsync(device, pitch, host.ctypes.data, width, width, rows,
+                                  runtime.memcpyHostToDevice, stream.ptr)  # fmt: skip
+    return True
+
+
 def unpack_from_host(p: Plan, host: np.ndarray, dst: Any, *, origin: int = 0) -> Any:
     """Scatter packed host bytes into one element of a cupy buffer (``pack_to_host``'s inverse).
 
@@ -205,21 +213,7 @@ def unpack_from_host(p: Plan, host: np.ndarray, dst: Any, *, origin: int = 0) ->
         raise DatatypeError(f"buf has {host.size} bytes; unpacking needs {p.size}")
     host = np.ascontiguousarray(host[: p.size])
     stream = cupy.cuda.get_current_stream()
-    dma = _one_dma(p._kernels(1))
-    if dma is not None:
-        src, rows, pitch, width = dma
-        if width:
-            cupy.cuda.runtime.memcpy2DAsync(
-                area.data.ptr + origin + src,
-                pitch,
-                host.ctypes.data,
-                width,
-                width,
-                rows,
-                cupy.cuda.runtime.memcpyHostToDevice,
-                stream.ptr,
-            )
-    else:
+    if not _copy_2d(p, area, origin, host, stream, to_host=False):
         unpack_device(p, cupy.asarray(host), area, origin=origin)
     stream.synchronize()
     return dst
