@@ -1,19 +1,64 @@
-"""A host-memory stand-in for cupy: just enough of it to run the Python of hpcpar's GPU
-datatype and point-to-point paths where no GPU is (tests/hpcpar/test_gpu_standin.py).
+"""A host-memory stand-in for cupy, to run the Python of hpcpar's GPU paths where no GPU is.
 
-"Device" memory is host memory; ``memcpy2DAsync`` copies row by row with the pitches
-checked as CUDA checks them; the raw kernel runs as a Python loop that follows the CUDA
-source in hpcpar/datatypes/gpu.py line by line (and checks each word's alignment). It
-tests the launch arguments, offsets, pitches and dispatch, not CUDA: the real tests
-run where cupy and a GPU are.
+Used by tests/test_gpu_standin.py in child processes only. "Device" arrays wrap numpy
+arrays in host memory and behave as cupy's do where it matters for catching mistakes:
+they refuse implicit conversion to numpy (``np.asarray(x)`` raises, as in cupy), and
+operations mixing them with numpy arrays raise ``TypeError``; module functions forward
+to numpy. ``memcpy2DAsync`` copies row by row and checks its pitches as CUDA does; a
+raw kernel runs as a Python loop that follows the CUDA source in
+hpcpar/datatypes/gpu.py (and checks each word's alignment). It tests arguments,
+offsets, pitches and dispatch, not CUDA: the real GPU tests run where cupy and a GPU are.
 """
 
 import ctypes
-from types import SimpleNamespace
+import types
 
 import numpy as np
 
-uint8, int64, float64 = np.uint8, np.int64, np.float64
+__version__ = "0.0+standin"
+
+
+def _guard(x):
+    """Unwrap device arrays; refuse host arrays as cupy does."""
+    if isinstance(x, ndarray):
+        return x.a
+    if isinstance(x, np.ndarray) and x.ndim > 0:
+        raise TypeError("Unsupported type <class 'numpy.ndarray'>")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_guard(v) for v in x)
+    return x
+
+
+def _wrap(x):
+    if isinstance(x, np.ndarray):
+        return ndarray(None, _a=x)
+    if isinstance(x, np.generic):
+        return ndarray(None, _a=np.asarray(x))
+    if isinstance(x, tuple):
+        return tuple(_wrap(v) for v in x)
+    if isinstance(x, list):
+        return [_wrap(v) for v in x]
+    if isinstance(x, np.random.Generator):
+        return _Forward(x)
+    return x
+
+
+def _forwarded(fn):
+    def call(*args, **kwargs):
+        return _wrap(fn(*_guard(args), **{k: _guard(v) for k, v in kwargs.items()}))
+
+    return call
+
+
+class _Forward:
+    """An object (numpy's random module, a Generator) whose callables take device arrays."""
+
+    def __init__(self, target):
+        self._target = target
+
+    def __getattr__(self, name):
+        attr = getattr(self._target, name)
+        return _forwarded(attr) if callable(attr) else _wrap(attr)
 
 
 class MemoryPointer:
@@ -24,117 +69,183 @@ class MemoryPointer:
         return MemoryPointer(self.ptr + int(off), self.owner)
 
 
-def _from_ptr(ptr, shape, dtype, strides=None, owner=None):
-    dtype = np.dtype(dtype)
-    shape = tuple(shape)
+def _from_ptr(ptr, shape, dtype, strides=None):
+    dtype, shape = np.dtype(dtype), tuple(shape)
     if strides is None:
         strides = tuple(dtype.itemsize * int(np.prod(shape[i + 1 :])) for i in range(len(shape)))
-    if not shape or min(shape) == 0:
+    if shape and min(shape) == 0:
         return np.empty(shape, dtype)
-    lo = sum(min(0, (n - 1) * s) for n, s in zip(shape, strides, strict=False))
-    hi = sum(max(0, (n - 1) * s) for n, s in zip(shape, strides, strict=False)) + dtype.itemsize
+    lo = sum(min(0, (n - 1) * s) for n, s in zip(shape, strides, strict=True))
+    hi = sum(max(0, (n - 1) * s) for n, s in zip(shape, strides, strict=True)) + dtype.itemsize
     raw = np.ctypeslib.as_array((ctypes.c_uint8 * (hi - lo)).from_address(ptr + lo))
     return np.ndarray(shape, dtype, buffer=raw, offset=-lo, strides=strides)
 
 
 class ndarray:
-    def __init__(self, shape, dtype=float64, memptr=None, _a=None):
+    __array_ufunc__ = None  # numpy's operators defer to ours, which refuse host arrays
+
+    def __init__(self, shape, dtype=np.float64, memptr=None, _a=None):
         if _a is None:
-            _a = (
-                _from_ptr(memptr.ptr, shape, dtype)
-                if memptr is not None
-                else np.empty(shape, dtype)
-            )
-            self._keep = memptr.owner if memptr is not None else None
+            if memptr is not None:
+                _a = _from_ptr(memptr.ptr, shape, dtype)
+                self._keep = memptr.owner
+            else:
+                _a = np.empty(shape, dtype)
         self.a = _a
 
+    def __getattr__(self, name):
+        attr = getattr(self.a, name)
+        return _forwarded(attr) if callable(attr) else _wrap(attr)
+
     flags = property(lambda s: s.a.flags)
-    size = property(lambda s: s.a.size)
     shape = property(lambda s: s.a.shape)
     dtype = property(lambda s: s.a.dtype)
-    nbytes = property(lambda s: s.a.nbytes)
     data = property(lambda s: MemoryPointer(s.a.__array_interface__["data"][0], s))
 
     @property
     def __cuda_array_interface__(self):
         i = self.a.__array_interface__
-        return {
-            "shape": i["shape"],
-            "strides": i["strides"],
-            "typestr": i["typestr"],
-            "data": i["data"],
-            "version": 3,
-        }
+        return {"shape": i["shape"], "strides": i["strides"], "typestr": i["typestr"],
+                "data": i["data"], "version": 3}  # fmt: skip
 
-    def reshape(self, *s):
-        return ndarray(None, _a=self.a.reshape(*s))
-
-    def view(self, dt):
-        return ndarray(None, _a=self.a.view(dt))
-
-    def __getitem__(self, k):
-        return ndarray(None, _a=self.a[k])
+    def __array__(self, *args, **kwargs):
+        raise TypeError(
+            "Implicit conversion to a NumPy array is not allowed. "
+            "Please use `.get()` to construct a NumPy array explicitly."
+        )
 
     def get(self, stream=None, out=None):
         if out is None:
             return self.a.copy()
+        if not isinstance(out, np.ndarray) or out.shape != self.a.shape:
+            raise ValueError("out must be a numpy array of the same shape")
         out[...] = self.a
         return out
 
     def set(self, arr):
         self.a[...] = arr
 
+    def __getitem__(self, key):
+        return _wrap(self.a[_guard(key) if isinstance(key, ndarray) else key])
+
+    def __setitem__(self, key, value):
+        self.a[_guard(key) if isinstance(key, ndarray) else key] = _guard(value)
+
+    def __len__(self):
+        return len(self.a)
+
+    def __iter__(self):
+        return (_wrap(v) for v in self.a)
+
+    def __bool__(self):
+        return bool(self.a)
+
+    def __float__(self):
+        return float(self.a)
+
+    def __int__(self):
+        return int(self.a)
+
+    def __index__(self):
+        return self.a.__index__()
+
+    def __repr__(self):
+        return f"standin.{self.a!r}"
+
+
+def _operator(name):
+    def op(self, *args):
+        return _wrap(getattr(self.a, name)(*_guard(args)))
+
+    return op
+
+
+def _in_place(name):
+    def op(self, other):
+        getattr(self.a, name)(_guard(other))
+        return self
+
+    return op
+
+
+for _base in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or",
+              "xor", "lshift", "rshift"):  # fmt: skip
+    setattr(ndarray, f"__{_base}__", _operator(f"__{_base}__"))
+    setattr(ndarray, f"__r{_base}__", _operator(f"__r{_base}__"))
+    setattr(ndarray, f"__i{_base}__", _in_place(f"__i{_base}__"))
+for _name in ("lt", "le", "gt", "ge", "eq", "ne", "neg", "pos", "abs", "invert"):
+    setattr(ndarray, f"__{_name}__", _operator(f"__{_name}__"))
+ndarray.__hash__ = None
+
+
+def __getattr__(name):  # every other cupy function: numpy's, on device arrays
+    attr = getattr(np, name)
+    if isinstance(attr, type) or not callable(attr):
+        return attr
+    return _forwarded(attr)
+
 
 def asarray(x, dtype=None):
-    if dtype is not None:
-        return ndarray(None, _a=np.asarray(x, dtype=dtype))
     if isinstance(x, ndarray):
-        return x
+        return x if dtype is None else ndarray(None, _a=x.a.astype(dtype, copy=False))
     if hasattr(x, "__cuda_array_interface__") and not isinstance(x, np.ndarray):
         i = x.__cuda_array_interface__
-        return ndarray(None, _a=_from_ptr(i["data"][0], i["shape"], i["typestr"], i.get("strides")))
-    return ndarray(None, _a=np.array(x))
+        x = ndarray(None, _a=_from_ptr(i["data"][0], i["shape"], i["typestr"], i.get("strides")))
+        return asarray(x, dtype)
+    return ndarray(None, _a=np.array(x, dtype=dtype))
 
 
-def asnumpy(x):
-    return x.a.copy()
+array = asarray
 
 
-def zeros(shape, dtype=float64):
-    return ndarray(None, _a=np.zeros(shape, dtype))
+def asnumpy(x, stream=None):
+    return x.a.copy() if isinstance(x, ndarray) else np.asarray(x)
 
 
-def empty(shape, dtype=float64):
-    return ndarray(None, _a=np.empty(shape, dtype))
+random = _Forward(np.random)
 
 
-def zeros_like(x):
-    return ndarray(None, _a=np.zeros_like(x.a))
-
-
-def asfortranarray(x):
-    return ndarray(None, _a=np.asfortranarray(x.a))
+class _Event:
+    pass
 
 
 class _Stream:
     ptr = 0
 
+    def __init__(self, non_blocking=False):
+        self.non_blocking = non_blocking
+
     def synchronize(self):
         pass
 
+    def record(self, event=None):
+        return _Event()
+
+    def wait_event(self, event):
+        assert isinstance(event, _Event)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_CURRENT = _Stream()
+
 
 def _memcpy2d(dst, dpitch, src, spitch, width, height, kind, stream):
-    assert dpitch >= width and spitch >= width and width > 0 and height > 0, (
-        dpitch,
-        spitch,
-        width,
-        height,
-    )
+    if not (dpitch >= width and spitch >= width and width > 0 and height > 0):
+        raise ValueError(
+            f"cudaErrorInvalidPitchValue/InvalidValue: {dpitch, spitch, width, height}"
+        )
     for r in range(height):
         ctypes.memmove(dst + r * dpitch, src + r * spitch, width)
 
 
 class _Kernel:
+    """hpcpar/datatypes/gpu.py's strided_copy<T>, one thread after the other."""
+
     def __init__(self, width):
         self.w = width
 
@@ -159,22 +270,25 @@ class _Kernel:
 
 
 class RawModule:
-    def __init__(self, code, options, name_expressions):
-        self.names = name_expressions
+    def __init__(self, code, options=(), name_expressions=()):
+        self.names = list(name_expressions)
 
     def get_function(self, name):
-        w = {"unsigned long long": 8, "unsigned int": 4, "unsigned short": 2, "unsigned char": 1}
-        return _Kernel(w[name[name.index("<") + 1 : -1]])
+        assert name in self.names, name
+        widths = {"unsigned long long": 8, "unsigned int": 4, "unsigned short": 2,
+                  "unsigned char": 1}  # fmt: skip
+        return _Kernel(widths[name[name.index("<") + 1 : -1]])
 
 
-cuda = SimpleNamespace(
-    get_current_stream=_Stream,
+cuda = types.SimpleNamespace(
+    get_current_stream=lambda: _CURRENT,
+    Stream=_Stream,
     alloc_pinned_memory=bytearray,
-    runtime=SimpleNamespace(
+    runtime=types.SimpleNamespace(
         getDeviceCount=lambda: 1,
+        getDeviceProperties=lambda i: {"name": b"host-memory stand-in", "totalGlobalMem": 0},
         memcpy2DAsync=_memcpy2d,
         memcpyDeviceToHost=2,
         memcpyHostToDevice=1,
     ),
-    RawModule=RawModule,
 )

@@ -1,0 +1,1 @@
+"""The stand-in's cupyx.scipy (see tests/standin/cupy)."""
