@@ -10,6 +10,13 @@ the peer), ``numpy`` (``np.copyto`` of the view into a preallocated buffer, i.e.
 ``ascontiguousarray`` without the allocation), and the unpack counterparts. Also: the
 machine's copy roof (``np.copyto`` on a 2 GiB working set, 1 and 2 threads) and, on
 more than one rank, a 3D halo exchange against hand-written pack + Sendrecv.
+
+With ``--gpu`` (cupy and a GPU), the faces and the interior of an N^3 cupy array too:
+``hpcpar-device`` (the pack kernel into device memory) against ``cupy-contiguous``
+(``cupy.ascontiguousarray``, the peer), and ``hpcpar-staged`` (the view's bytes into
+pinned host memory, by one 2D copy where the layout allows, as ``hpcpar.send`` moves
+them) against ``cupy-get`` (``view.get()``); ``hpcpar-device-unpack`` against cupy's
+strided assignment. Each GPU variant synchronises the stream in every call.
 """
 
 from __future__ import annotations
@@ -34,6 +41,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--no-roof", action="store_true", help="skip the 2 GiB copy-roof measurement"
+    )
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="also the GPU cases (cupy arrays: device pack and staging to host vs cupy)",
     )
 
 
@@ -174,6 +186,73 @@ def _variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> list[V
     return [*variants, *unpacks, Variant("mpi-unpack", mu)]
 
 
+_GPU_CASES: list[tuple[str, Callable[[Any], Any]]] = [
+    ("x face (contiguous plane)", lambda a: a[0]),
+    ("y face (rows of N doubles)", lambda a: a[:, 0, :]),
+    ("z face (single doubles)", lambda a: a[:, :, 0]),
+    ("interior (N-2)^3", lambda a: a[1:-1, 1:-1, 1:-1]),
+]
+
+
+def _gpu_variants(whole: np.ndarray, index: Callable[[Any], Any]) -> list[Variant]:
+    """GPU variants for one view (``index`` of the whole array), on a device copy."""
+    import cupy
+
+    from ..datatypes.gpu import device_to_host, device_view, pack_device, unpack_device
+
+    view = index(whole)
+    device_whole = cupy.asarray(whole)
+    device = index(device_whole)
+    stream = cupy.cuda.get_current_stream()
+    reference = np.ascontiguousarray(view).reshape(-1).view(np.uint8)
+    p, area, origin = device_view(device)
+
+    def synced(run: Callable[[], Any]) -> Callable[[], Any]:
+        def call() -> Any:
+            result = run()
+            stream.synchronize()
+            return result
+
+        return call
+
+    def on_host(result: Any) -> np.ndarray:
+        host = result if isinstance(result, np.ndarray) else cupy.asnumpy(result)
+        return np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+
+    def variant(name: str, run: Callable[[], Any]) -> Variant:
+        def make(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+            return synced(run), (lambda: np.array_equal(on_host(run()), reference))
+
+        return Variant(name, make)
+
+    packed = pack_device(p, area, origin=origin)
+    scratch = cupy.zeros_like(device_whole)
+    target = index(scratch)
+    typed = packed.view(device.dtype).reshape(device.shape)
+
+    def unpack_check(run: Callable[[], Any]) -> Callable[[int], Any]:
+        def make(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+            def check() -> bool:
+                scratch.fill(0)
+                run()
+                return bool(cupy.asnumpy(target).tobytes() == reference.tobytes())
+
+            return synced(run), check
+
+        return make
+
+    _, scratch_area, scratch_origin = device_view(target)
+    return [
+        variant("hpcpar-device", lambda: pack_device(p, area, origin=origin)),
+        variant("cupy-contiguous", lambda: cupy.ascontiguousarray(device)),
+        variant("hpcpar-staged", lambda: device_to_host(device, "staged")),
+        variant("cupy-get", device.get),
+        Variant("hpcpar-device-unpack", unpack_check(
+            lambda: unpack_device(p, packed, scratch_area, origin=scratch_origin))),
+        Variant("cupy-unpack", unpack_check(lambda: target.__setitem__(Ellipsis, typed))),
+    ]  # fmt: skip
+
+
 def _roof() -> list[tuple[int, float]]:
     src, dst = np.ones(1 << 27), np.empty(1 << 27)  # 1 GiB each: a 2 GiB working set
     out = []
@@ -228,12 +307,39 @@ def _halo_variants(comm: Any, n: int) -> list[Variant]:
     return [Variant("hpcpar-halo", ours), Variant("pack+Sendrecv", handwritten)]
 
 
+def _gpu_cases(comm: Any, args: argparse.Namespace, say: Callable[..., Any]) -> list[Any]:
+    results = []
+    whole = np.random.default_rng(0).random((args.n, args.n, args.n))
+    for name, index in _GPU_CASES:
+        say(f"# case: GPU {name}")
+        say(format_header())
+        rows = sweep(
+            comm,
+            _gpu_variants(whole, index),
+            [index(whole).nbytes],
+            peer="cupy-contiguous",
+            repeats=args.repeats,
+            warmup=args.warmup,
+            min_time=args.min_time,
+            max_iterations=args.max_iterations,
+        )
+        for m in rows:
+            say(format_row(m))
+            results.append({**m.as_dict(), "case": f"GPU {name}"})
+    return results
+
+
 def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     from ..errors import UsageError
     from ..runtime.results import mpi_library
 
     if args.n < 4:
         raise UsageError(f"bench datatypes: --n must be at least 4, not {args.n}")
+    if args.gpu:
+        from ..datatypes.gpu import gpu_available
+
+        if not comm.allreduce(gpu_available(), op=min):
+            raise UsageError("bench datatypes --gpu: needs cupy and a GPU on every rank")
     rank = comm.Get_rank()
     say = print if rank == 0 else (lambda *a, **k: None)
     say(
@@ -262,6 +368,8 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
             say(format_row(m))
             results.append({**m.as_dict(), "case": name})
         dt.Free()
+    if args.gpu:
+        results += _gpu_cases(comm, args, say)
     if comm.Get_size() > 1:
         shape = f"{args.n}^3 per rank, width 1, periodic"
         say(f"# case: 3D halo exchange, {shape} (peer: pack+Sendrecv)")

@@ -75,17 +75,35 @@ def _kernel(width: int) -> Any:
     return _module[0].get_function(_NAMES[width])
 
 
-def _run(p: Plan, user: Any, packed: Any, count: int, origin: int, pack: bool) -> None:
+def _device_dims(p: Plan, count: int) -> list[tuple[Kernel, tuple[Any, Any, Any]]]:
+    """The plan's kernels with their counts and strides in device memory, made once.
+
+    Three host-to-device copies per kernel and call would cost more than a small pack
+    itself, so they are kept on the plan (per device and count).
+    """
     import cupy
 
+    key = ("device dims", cupy.cuda.runtime.getDevice(), count)
+    if key not in p._memo:
+        p._memo[key] = [
+            (
+                k,
+                tuple(
+                    cupy.asarray([dim[i] for dim in k.dims] or [1 if i == 0 else 0], cupy.int64)
+                    for i in range(3)
+                ),
+            )
+            for k in p._kernels(count)
+            if k.size and all(c for c, _, _ in k.dims)
+        ]
+    return p._memo[key]
+
+
+def _run(p: Plan, user: Any, packed: Any, count: int, origin: int, pack: bool) -> None:
+
     user_addr, packed_addr = user.data.ptr, packed.data.ptr
-    for k in p._kernels(count):
-        if k.size == 0 or any(c == 0 for c, _, _ in k.dims):
-            continue
+    for k, (counts, ustr, pstr) in _device_dims(p, count):
         w = _word(k, user_addr + origin, packed_addr)
-        counts = cupy.asarray([c for c, _, _ in k.dims] or [1], dtype=cupy.int64)
-        ustr = cupy.asarray([s for _, s, _ in k.dims] or [0], dtype=cupy.int64)
-        pstr = cupy.asarray([d for _, _, d in k.dims] or [0], dtype=cupy.int64)
         nwords = k.size // w
         total = nwords * int(np.prod([c for c, _, _ in k.dims] or [1]))
         threads = 256

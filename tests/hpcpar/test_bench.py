@@ -232,6 +232,16 @@ def test_sgd_benchmark_torch_ddp_trains_the_same_model(comm, tmp_path):
     )
 
 
+def test_datatypes_benchmark_gpu_needs_a_gpu(capsys):
+    from hpcpar.datatypes.gpu import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is here: the GPU cases run (test_gpu_standin runs them elsewhere)")
+    assert main(["bench", "datatypes", "--gpu", "--n", "8", "--no-roof"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu: needs cupy and a GPU on every rank" in err and "Traceback" not in err
+
+
 def test_sgd_benchmark_rejects_bad_modes(capsys):
     assert main(["bench", "sgd", "--modes", "sync,bogus", "--no-torch"]) == 2
     assert "--modes takes sync, local, async, hogwild" in capsys.readouterr().err

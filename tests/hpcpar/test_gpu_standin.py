@@ -11,6 +11,7 @@ the same tests run on cupy where a GPU is.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -25,16 +26,21 @@ MPI_ENV = {"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "true", "MPIR_CVAR_POLLS_BEFORE_YI
 PYTEST = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--with-mpi")
 
 
-def _passed(*args: str) -> int:
-    """Run a pytest command on the stand-in; return how many passed (none may skip or fail)."""
+def _child(*args: str) -> str:
+    """Run a command on the stand-in (it must succeed); return its output."""
     env = {**os.environ, **MPI_ENV, "PYTHONPATH": str(STANDIN)}
     done = subprocess.run(
         args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False
     )
-    tail = done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.returncode == 0, tail
-    summary = re.search(r"(\d+) passed", done.stdout)
-    assert summary and not re.search(r"\d+ (skipped|failed|error)", done.stdout), tail
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def _passed(*args: str) -> int:
+    """Run a pytest command on the stand-in; return how many passed (none may skip or fail)."""
+    out = _child(*args)
+    summary = re.search(r"(\d+) passed", out)
+    assert summary and not re.search(r"\d+ (skipped|failed|error)", out), out[-3000:]
     return int(summary.group(1))
 
 
@@ -45,6 +51,21 @@ def test_serial_gpu_tests_pass_on_the_standin():
         "-k", "gpu or device",
     )  # fmt: skip
     assert passed >= 10  # 5 datatype, 2 checkpoint, 3 CFR
+
+
+def test_gpu_datatype_benchmark_runs_on_the_standin(tmp_path):
+    """``bench datatypes --gpu``: every GPU variant's bytes checked against numpy's."""
+    out = tmp_path / "dt"
+    _child(str(Path(sys.executable).parent / "hpcpar"), "bench", "datatypes", "--gpu",
+           "--n", "8", "--no-roof", "--repeats", "1", "--warmup", "1", "--min-time", "0.0005",
+           "--max-iterations", "3", "--output", str(out))  # fmt: skip
+    rows = [r for r in json.loads(out.with_suffix(".json").read_text())["results"]
+            if r["case"].startswith("GPU ")]  # fmt: skip
+    assert len({r["case"] for r in rows}) == 4 and all(r["valid"] for r in rows)
+    assert {r["variant"] for r in rows} == {
+        "hpcpar-device", "cupy-contiguous", "hpcpar-staged", "cupy-get",
+        "hpcpar-device-unpack", "cupy-unpack",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

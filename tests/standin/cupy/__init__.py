@@ -286,6 +286,7 @@ cuda = types.SimpleNamespace(
     alloc_pinned_memory=bytearray,
     runtime=types.SimpleNamespace(
         getDeviceCount=lambda: 1,
+        getDevice=lambda: 0,
         getDeviceProperties=lambda i: {"name": b"host-memory stand-in", "totalGlobalMem": 0},
         memcpy2DAsync=_memcpy2d,
         memcpyDeviceToHost=2,
