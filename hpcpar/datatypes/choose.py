@@ -64,11 +64,23 @@ def send_method(p: Plan, count: int = 1, profile: Any = None) -> tuple[str, str]
     row = _nearest(_table(_active(profile)), typical_block(p), p.size * count)
     if row is None:
         return "pack", "no measured send table (hpcpar calibrate records one): pack"
-    block, nbytes, pack_s, datatype_s = row[:4]
-    method = "pack" if pack_s <= datatype_s else "datatype"
-    return method, (
-        f"measured near {int(block)} B blocks / {int(nbytes)} B: pack {pack_s * 1e6:.1f} us, "
-        f"datatype {datatype_s * 1e6:.1f} us"
+    return _choice(row, ("pack", "datatype"), (row[2], row[3]), p.size * count)
+
+
+def _choice(
+    row: list[float], names: tuple[str, str], times: tuple[float, float], nbytes: int
+) -> tuple[str, str]:
+    """The faster of two methods in the nearest measured class, with the figures.
+
+    The prediction for this message scales the class's times by its size (both methods
+    alike, so the choice is the class's).
+    """
+    scale = nbytes / max(row[1], 1)
+    first, second = times
+    return (names[0] if first <= second else names[1]), (
+        f"predicted for {nbytes} B: {names[0]} {first * scale * 1e6:.1f} us, {names[1]} "
+        f"{second * scale * 1e6:.1f} us (measured at {int(row[0])} B blocks / {int(row[1])} B: "
+        f"{first * 1e6:.1f} and {second * 1e6:.1f} us)"
     )
 
 
@@ -85,13 +97,8 @@ def device_send_method(p: Plan, profile: Any = None) -> tuple[str, str]:
     from .gpu import _one_dma
 
     row = _nearest(_table(_active(profile), "device_send_methods"), typical_block(p), p.size)
-    if row is not None:
-        block, nbytes, device_s, staged_s = row[:4]
-        method = "staged" if staged_s <= device_s else "device"
-        return method, (
-            f"measured near {int(block)} B blocks / {int(nbytes)} B: device pack "
-            f"{device_s * 1e6:.1f} us, staged {staged_s * 1e6:.1f} us"
-        )
+    if row is not None:  # [block, bytes, device s, staged s]
+        return _choice(row, ("staged", "device"), (row[3], row[2]), p.size)
     if _one_dma(p._kernels(1)) is not None:
         return "staged", "no measured table: one strided run is one cudaMemcpy2D to the host"
     return "device", "no measured table: the layout needs the pack kernel, then one copy"

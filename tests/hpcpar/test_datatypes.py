@@ -380,7 +380,9 @@ def test_send_method_follows_the_measured_table():
     profile = profile_from_json(doc)
     small = datatypes.plan(np.zeros((4096, 16), np.uint8)[:, :8])
     big = datatypes.plan(np.zeros((64, 131072), np.uint8)[:, :65536])
-    assert send_method(small, profile=profile)[0] == "datatype"
+    method, reason = send_method(small, profile=profile)
+    assert method == "datatype"  # 32 KiB of 8 B blocks: half the measured class's bytes
+    assert "predicted for 32768 B: pack 100.0 us, datatype 50.0 us" in reason
     assert send_method(big, profile=profile)[0] == "pack"
     assert send_method(big, profile=default_profile())[0] == "pack"  # no table: pack
     doc["mpi_library"]["send_methods"]["table"] = [[8, 65536, 2e-4]]
@@ -418,7 +420,8 @@ def test_device_send_method_follows_the_table_else_the_layout():
     doc = {**bare.to_json(), "mpi_library": {"device_send_methods": {"ranks": 1, "table": table}}}
     measured = profile_from_json(doc)
     method, reason = device_send_method(column, measured)  # 64 B blocks: the first row
-    assert method == "device" and "device pack 10.0 us, staged 20.0 us" in reason
+    assert method == "device" and "measured at 64 B blocks / 4096 B: 20.0 and 10.0 us" in reason
+    assert "predicted for 4096 B: staged 20.0 us, device 10.0 us" in reason  # 64 x 8 doubles
     assert device_send_method(backwards, measured)[0] == "staged"  # 8 B blocks: the second
     text = explain_send(_FakeDeviceArray((16, 4), (256, 8)), profile=bare)
     assert "send by: staged" in text and "typical block 32 B" in text
