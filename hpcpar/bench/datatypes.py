@@ -307,26 +307,24 @@ def _halo_variants(comm: Any, n: int) -> list[Variant]:
     return [Variant("hpcpar-halo", ours), Variant("pack+Sendrecv", handwritten)]
 
 
-def _gpu_cases(comm: Any, args: argparse.Namespace, say: Callable[..., Any]) -> list[Any]:
-    results = []
-    whole = np.random.default_rng(0).random((args.n, args.n, args.n))
-    for name, index in _GPU_CASES:
-        say(f"# case: GPU {name}")
-        say(format_header())
-        rows = sweep(
-            comm,
-            _gpu_variants(whole, index),
-            [index(whole).nbytes],
-            peer="cupy-contiguous",
-            repeats=args.repeats,
-            warmup=args.warmup,
-            min_time=args.min_time,
-            max_iterations=args.max_iterations,
-        )
-        for m in rows:
-            say(format_row(m))
-            results.append({**m.as_dict(), "case": f"GPU {name}"})
-    return results
+def _case(
+    comm: Any,
+    args: argparse.Namespace,
+    say: Callable[..., Any],
+    case: tuple[str, str],
+    variants: list[Variant],
+    size: int,
+    peer: str,
+) -> list[dict[str, Any]]:
+    """Sweep one case's variants at one size; print and return its rows."""
+    title, name = case
+    say(f"# case: {title}")
+    say(format_header())
+    rows = sweep(comm, variants, [size], peer=peer, repeats=args.repeats, warmup=args.warmup,
+                 min_time=args.min_time, max_iterations=args.max_iterations)  # fmt: skip
+    for m in rows:
+        say(format_row(m))
+    return [{**m.as_dict(), "case": name} for m in rows]
 
 
 def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
@@ -352,41 +350,21 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     results = []
     for name, make in _cases(args.n):
         whole, (view, dt) = make()
-        say(f"# case: {name}")
-        say(format_header())
-        rows = sweep(
-            comm,
-            _variants(comm, whole, view, dt),
-            [dt.Get_size()],
-            peer="mpi-pack",
-            repeats=args.repeats,
-            warmup=args.warmup,
-            min_time=args.min_time,
-            max_iterations=args.max_iterations,
-        )
-        for m in rows:
-            say(format_row(m))
-            results.append({**m.as_dict(), "case": name})
+        variants = _variants(comm, whole, view, dt)
+        results += _case(comm, args, say, (name, name), variants, dt.Get_size(), "mpi-pack")
         dt.Free()
     if args.gpu:
-        results += _gpu_cases(comm, args, say)
+        whole = np.random.default_rng(0).random((args.n, args.n, args.n))
+        for name, index in _GPU_CASES:
+            variants = _gpu_variants(whole, index)
+            case = (f"GPU {name}", f"GPU {name}")
+            results += _case(comm, args, say, case, variants, index(whole).nbytes,
+                             "cupy-contiguous")  # fmt: skip
     if comm.Get_size() > 1:
-        shape = f"{args.n}^3 per rank, width 1, periodic"
-        say(f"# case: 3D halo exchange, {shape} (peer: pack+Sendrecv)")
-        say(format_header())
-        rows = sweep(
-            comm,
-            _halo_variants(comm, args.n),
-            [6 * args.n * args.n * 8],
-            peer="pack+Sendrecv",
-            repeats=args.repeats,
-            warmup=args.warmup,
-            min_time=args.min_time,
-            max_iterations=args.max_iterations,
-        )
-        for m in rows:
-            say(format_row(m))
-            results.append({**m.as_dict(), "case": "halo"})
+        title = f"3D halo exchange, {args.n}^3 per rank, width 1, periodic (peer: pack+Sendrecv)"
+        size = 6 * args.n * args.n * 8
+        variants = _halo_variants(comm, args.n)
+        results += _case(comm, args, say, (title, "halo"), variants, size, "pack+Sendrecv")
     return [Row(r) for r in results]
 
 
