@@ -5,6 +5,11 @@ to the neighbour on that side and receives that neighbour's layers into its halo
 faces of later dimensions span the halos already filled, so edges and corners arrive
 too (periodic or not; at a non-periodic boundary the halo is left as it was). Face
 plans are built once; each exchange packs into preallocated buffers.
+
+Arrays may also be GPU arrays (cupy, or anything with the CUDA array interface): each
+face then travels through host memory as ``hpcpar.send`` moves it, staged by one 2D
+copy where the face is one strided run, else packed by the kernel on the device
+(``datatypes.choose.device_send_method``), and arrives the same way.
 """
 
 from __future__ import annotations
@@ -77,10 +82,15 @@ class HaloExchange:
             moves.append((send_at, recv_at, towards, away, outgoing, incoming))
         return moves
 
-    def exchange(self, a: np.ndarray) -> np.ndarray:
-        """Fill ``a``'s halos from the neighbours (collective over the communicator)."""
-        if a.shape != self.shape or a.dtype != self.dtype:
+    def exchange(self, a: Any) -> Any:
+        """Fill ``a``'s halos from the neighbours (collective over the communicator).
+
+        ``a``: a numpy array or a GPU array of the shape and dtype given at construction.
+        """
+        if tuple(a.shape) != self.shape or np.dtype(a.dtype) != self.dtype:
             raise DatatypeError(f"expected an array of shape {self.shape} and dtype {self.dtype}")
+        if hasattr(a, "__cuda_array_interface__") and not isinstance(a, np.ndarray):
+            return self._exchange_device(a)
         tag = 0
         for moves in self._steps:
             for send_at, recv_at, to, frm, outgoing, incoming in moves:
@@ -88,6 +98,23 @@ class HaloExchange:
                 self.comm.Sendrecv(outgoing, to, tag, incoming, frm, tag)
                 if frm != MPI.PROC_NULL:
                     np.copyto(a[recv_at], incoming)
+                tag += 1
+        return a
+
+    def _exchange_device(self, a: Any) -> Any:
+        from .datatypes.choose import device_send_method
+        from .datatypes.gpu import device_to_host, host_to_device, require_cupy
+
+        require_cupy(a)
+        tag = 0
+        for moves in self._steps:
+            for send_at, recv_at, to, frm, _, incoming in moves:
+                face = a[send_at]
+                method = device_send_method(plan(face))[0]
+                outgoing = device_to_host(face, method) if to != MPI.PROC_NULL else incoming
+                self.comm.Sendrecv(outgoing, to, tag, incoming, frm, tag)
+                if frm != MPI.PROC_NULL:
+                    host_to_device(incoming.reshape(-1).view(np.uint8), a[recv_at], method)
                 tag += 1
         return a
 

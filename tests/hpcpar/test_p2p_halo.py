@@ -60,7 +60,16 @@ def global_value(coords):
 
 @pytest.mark.parametrize("ndims", [1, 2, 3])
 @pytest.mark.parametrize("periodic", [False, True])
-def test_halo_exchange_matches_the_global_array(comm, ndims, periodic):
+@pytest.mark.parametrize(
+    "on",
+    [
+        "host",
+        pytest.param(
+            "gpu", marks=pytest.mark.skipif(not gpu_available(), reason="needs cupy and a GPU")
+        ),
+    ],
+)
+def test_halo_exchange_matches_the_global_array(comm, ndims, periodic, on):
     size = comm.Get_size()
     dims = MPI.Compute_dims(size, ndims)
     cart = comm.Create_cart(dims, periods=[periodic] * ndims, reorder=False)
@@ -76,7 +85,12 @@ def test_halo_exchange_matches_the_global_array(comm, ndims, periodic):
         inside = all(width <= i < width + n for i, n in zip(idx, local, strict=True))
         if inside:
             a[idx] = global_value(g)
-    halo.exchange(a)
+    if on == "gpu":
+        import cupy
+
+        a = cupy.asnumpy(halo.exchange(cupy.asarray(a)))
+    else:
+        halo.exchange(a)
     bad = []
     for idx in itertools.product(*(range(s) for s in halo.shape)):
         g = [c * n + i - width for c, n, i in zip(coords, local, idx, strict=True)]
