@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .collectives.buffers import is_device_array
 from .datatypes import DatatypeError, plan
 from .errors import HpcparError
 
@@ -89,7 +90,7 @@ class HaloExchange:
         """
         if tuple(a.shape) != self.shape or np.dtype(a.dtype) != self.dtype:
             raise DatatypeError(f"expected an array of shape {self.shape} and dtype {self.dtype}")
-        if hasattr(a, "__cuda_array_interface__") and not isinstance(a, np.ndarray):
+        if is_device_array(a):
             return self._exchange_device(a)
         tag = 0
         for moves in self._steps:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .collectives.buffers import is_device_array
 from .datatypes import DatatypeError, plan
 from .runtime.comm import resolve_comm
 
@@ -55,10 +56,6 @@ def _typed(arr: np.ndarray, method: str) -> tuple[Any, MPI.Datatype, int] | None
     return [base, 1, dt], dt, view_plan.size
 
 
-def _on_device(obj: Any) -> bool:
-    return hasattr(obj, "__cuda_array_interface__") and not isinstance(obj, np.ndarray)
-
-
 def _device_method(obj: Any, method: str) -> str:
     """``staged`` or ``device`` for a GPU array (``auto``: the measured table, else a rule)."""
     if method == "auto":
@@ -74,7 +71,7 @@ def _device_method(obj: Any, method: str) -> str:
 
 def _outgoing(obj: Any, datatype: Any, count: int, method: str = "auto") -> np.ndarray:
     """The bytes to send: the array itself when contiguous, else its packed copy."""
-    if _on_device(obj):
+    if is_device_array(obj):
         from .datatypes import gpu
 
         if datatype is not None:
@@ -94,7 +91,7 @@ class _Incoming:
     def __init__(self, obj: Any, datatype: Any, count: int, method: str = "auto") -> None:
         self.obj, self.datatype, self.count = obj, datatype, count
         self.device: str | None = None
-        if _on_device(obj):  # arrives in host memory, then goes to the device
+        if is_device_array(obj):  # arrives in host memory, then goes to the device
             from .datatypes.gpu import require_cupy
 
             require_cupy(obj)  # before the receive, not after it

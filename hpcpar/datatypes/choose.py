@@ -18,8 +18,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from .ir import Strided
 from .plan import Plan
 
@@ -106,10 +104,11 @@ def device_send_method(p: Plan, profile: Any = None) -> tuple[str, str]:
 
 def explain_send(obj: Any, count: int = 1, profile: Any = None) -> str:
     """One paragraph: the layout, its typical block, the chosen method and why."""
+    from ..collectives.buffers import is_device_array
     from .plan import plan
 
     p = obj if isinstance(obj, Plan) else plan(obj)
-    if hasattr(obj, "__cuda_array_interface__") and not isinstance(obj, np.ndarray):
+    if is_device_array(obj):
         method, reason = device_send_method(p, profile)
     else:
         method, reason = send_method(p, count, profile)

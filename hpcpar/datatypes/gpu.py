@@ -100,7 +100,6 @@ def _device_dims(p: Plan, count: int) -> list[tuple[Kernel, tuple[Any, Any, Any]
 
 
 def _run(p: Plan, user: Any, packed: Any, count: int, origin: int, pack: bool) -> None:
-
     user_addr, packed_addr = user.data.ptr, packed.data.ptr
     for k, (counts, ustr, pstr) in _device_dims(p, count):
         w = _word(k, user_addr + origin, packed_addr)
