@@ -61,6 +61,7 @@ class HaloExchange:
         self.dtype = np.dtype(dtype)
         self.shape = tuple(n + 2 * w for n, w in zip(local_shape, widths, strict=True))
         self._steps = [self._step(d) for d in range(self.ndim) if widths[d]]
+        self._device_methods: dict[tuple[int, ...], list[str]] = {}  # GPU arrays' strides
 
     def _region(self, d: int, side: int, halo: bool) -> tuple[slice, ...]:
         n, w = self.local_shape[d], self.widths[d]
@@ -107,16 +108,21 @@ class HaloExchange:
         from .datatypes.gpu import device_to_host, host_to_device, require_cupy
 
         require_cupy(a)
-        tag = 0
-        for moves in self._steps:
-            for send_at, recv_at, to, frm, _, incoming in moves:
-                face = a[send_at]
-                method = device_send_method(plan(face))[0]
-                outgoing = device_to_host(face, method) if to != MPI.PROC_NULL else incoming
-                self.comm.Sendrecv(outgoing, to, tag, incoming, frm, tag)
-                if frm != MPI.PROC_NULL:
-                    host_to_device(incoming.reshape(-1).view(np.uint8), a[recv_at], method)
-                tag += 1
+        moves = [move for step in self._steps for move in step]
+        strides = tuple(a.strides)  # a face's method depends only on its layout: choose once
+        if strides not in self._device_methods:
+            self._device_methods[strides] = [
+                device_send_method(plan(a[move[0]]))[0] for move in moves
+            ]
+        for tag, (move, method) in enumerate(
+            zip(moves, self._device_methods[strides], strict=True)
+        ):
+            send_at, recv_at, to, frm, _, incoming = move
+            face = a[send_at]
+            outgoing = device_to_host(face, method) if to != MPI.PROC_NULL else incoming
+            self.comm.Sendrecv(outgoing, to, tag, incoming, frm, tag)
+            if frm != MPI.PROC_NULL:
+                host_to_device(incoming.reshape(-1).view(np.uint8), a[recv_at], method)
         return a
 
     def free(self) -> None:
