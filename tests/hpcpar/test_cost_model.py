@@ -260,7 +260,7 @@ def test_rules_files(tmp_path):
             load_rules(path)
 
 
-def test_pipelined_stages_overlap_only_without_oversubscription():
+def test_pipelined_stages_overlap_fully_with_a_core_per_rank_and_on_the_link_without():
     from hpcpar.collectives.pipelined import segment_elements
 
     layout = Layout(tuple(r // 2 for r in range(8)))
@@ -272,9 +272,27 @@ def test_pipelined_stages_overlap_only_without_oversubscription():
         busy = predict("allreduce", "pipelined", layout, segments * segment, 8, crowded)
         first = free.seconds - free.parts["overlap"]
         assert busy.seconds - busy.parts["overlap"] == pytest.approx(first)
-        # overlapped: each later segment pays its slowest stage; queued: all of them
-        assert (busy.parts["overlap"] > free.parts["overlap"]) == (segments > 1)
-        assert busy.parts["overlap"] == pytest.approx((segments - 1) * first)
+        # overlapped: each later segment pays its slowest stage; queued for the cores:
+        # every stage's core time, or the link's time if that is longer
+        assert busy.parts["overlap"] >= free.parts["overlap"]
+        one = predict("allreduce", "pipelined", layout, segment, 8, crowded).parts
+        core = sum(one[k] for k in ("intra", "reduce", "software")) - crowded.call_s
+        slowest = free.parts["overlap"] / max(segments - 1, 1)
+        assert busy.parts["overlap"] == pytest.approx(
+            (segments - 1) * max(core, one["inter"], slowest)
+        )
+    # a slow link: the link, not the cores, sets each later segment's time, as with a
+    # core per rank
+    doc = crowded.to_json()
+    doc["levels"]["inter"] = {"alpha_s": 1e-5, "beta_s_per_byte": 1e-8}
+    slow = profile_from_json(doc)
+    one = predict("allreduce", "pipelined", layout, segment, 8, slow).parts
+    four = predict("allreduce", "pipelined", layout, 4 * segment, 8, slow).parts
+    assert one["inter"] > sum(one[k] for k in ("intra", "reduce", "software"))
+    doc["oversubscribed"] = False
+    free = predict("allreduce", "pipelined", layout, 4 * segment, 8, profile_from_json(doc))
+    assert four["overlap"] == pytest.approx(free.parts["overlap"])
+    assert 3 * one["inter"] <= four["overlap"] < 3 * (one["inter"] + one["reduce"] + one["intra"])
 
 
 def test_tied_predictions_rank_the_algorithm_sending_fewer_messages_first():

@@ -147,9 +147,15 @@ def _pipelined(
         kind: sum(p[kind] for p in priced) for kind in ("intra", "inter", "reduce", "software")
     }
     parts["software"] -= 2 * profile.call_s  # one call, not one per stage
-    # Stages overlap only where each rank has a core of its own; on an oversubscribed
-    # machine the stages of later segments queue for the same cores.
-    parts["overlap"] = (segments - 1) * (sum(times) if profile.oversubscribed else max(times))
+    if profile.oversubscribed:
+        # The stages of later segments queue for the same cores: what needs a core
+        # (copies inside the node, reductions, Python) runs one stage after another,
+        # but the link carries one segment while the cores work on another (never less
+        # than the slowest stage, what a core per rank would give).
+        link = sum(p["inter"] for p in priced)
+        parts["overlap"] = (segments - 1) * max(link, sum(times) - link, *times)
+    else:  # each rank has a core of its own: a later segment costs its slowest stage
+        parts["overlap"] = (segments - 1) * max(times)
     return parts
 
 
