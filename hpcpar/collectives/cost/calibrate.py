@@ -58,17 +58,22 @@ def _ping_pong(comm: Any, a: int, b: int, repeats: int) -> Level | None:
     times = []
     for nbytes in PING_SIZES:
         buf = np.zeros(nbytes, np.uint8)
+        # Small messages: each sample is a loop of round trips, as a collective sends
+        # them; one round trip right after a barrier measured 16 us in some runs and
+        # 110-120 us in others on the virtual cluster (ranks waking on shared cores).
+        trips = max(1, min(32, (256 << 10) // nbytes))
         samples = []
         for _ in range(repeats):
             comm.Barrier()
             start = time.perf_counter()
-            if rank == a:
-                comm.Send(buf, b, 77)
-                comm.Recv(buf, b, 77)
-            elif rank == b:
-                comm.Recv(buf, a, 77)
-                comm.Send(buf, a, 77)
-            samples.append((time.perf_counter() - start) / 2)
+            for _ in range(trips):
+                if rank == a:
+                    comm.Send(buf, b, 77)
+                    comm.Recv(buf, b, 77)
+                elif rank == b:
+                    comm.Recv(buf, a, 77)
+                    comm.Send(buf, a, 77)
+            samples.append((time.perf_counter() - start) / (2 * trips))
         times.append(comm.bcast(statistics.median(samples), root=a))
     beta = (times[-1] - times[-2]) / (PING_SIZES[-1] - PING_SIZES[-2])
     if beta <= 0:  # the larger message measured faster: noise; fit every size instead
