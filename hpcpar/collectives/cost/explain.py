@@ -131,7 +131,8 @@ def plan_for(
             reason = (
                 f"{best.algorithm} is predicted fastest ({best.seconds * 1e6:.1f} us) but not "
                 f"{active.margin:.0%} faster than the MPI library's call "
-                f"({library.seconds * 1e6:.1f} us), so the library's (the profile's margin)"
+                f"({library.seconds * 1e6:.1f} us), so the library's (the profile's margin; "
+                f"autotune=True times the candidates and the library on first use)"
             )
     else:
         chosen = "mpi"
