@@ -326,6 +326,24 @@ def test_crowded_machine_hides_python_behind_the_link_not_copies():
                 )
 
 
+def test_library_modelled_without_hpcpar_python_on_a_crowded_machine():
+    # no library timings: the library's call is priced as its best classic algorithm
+    # without hpcpar's Python, and nothing of that Python may be taken off twice
+    layout = Layout((0, 0, 1, 1, 2, 2))
+    doc = NETWORK.to_json()
+    doc["levels"]["inter"] = {"alpha_s": 1e-5, "beta_s_per_byte": 1e-8}
+    doc["software"] = {"call_s": 3e-4, "step_s": 0.0, "library_call_s": 2e-5}
+    for crowded in (False, True):
+        profile = profile_from_json({**doc, "oversubscribed": crowded})
+        bare = profile_from_json({**doc, "software": {"call_s": 0.0, "step_s": 0.0,
+                                                      "library_call_s": 2e-5}})  # fmt: skip
+        for count in (1, 1 << 14):
+            lib = predict("allreduce", "mpi", layout, count, 8, profile)
+            ref = predict("allreduce", "mpi", layout, count, 8, bare)
+            assert lib.seconds == pytest.approx(ref.seconds)
+            assert sum(lib.parts.values()) == pytest.approx(lib.seconds)
+
+
 def test_tied_predictions_rank_the_algorithm_sending_fewer_messages_first():
     # 2 nodes x 2 ranks, a slow link, 32 bytes: two-level and multi-leader cost the
     # slowest rank the same, but multi-leader has every rank cross the link (on the
