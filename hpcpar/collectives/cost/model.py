@@ -165,7 +165,7 @@ def _pipelined(
         # but the link carries one segment while the cores work on another (never less
         # than the slowest stage, what a core per rank would give).
         link = sum(p["inter"] for p in priced)
-        parts["overlap"] = (segments - 1) * max(link, sum(times) - link, *times) - _hidden(parts)
+        parts["overlap"] = (segments - 1) * max(link, sum(times) - link, *times)
     else:  # each rank has a core of its own: a later segment costs its slowest stage
         parts["overlap"] = (segments - 1) * max(times)
     return parts
@@ -208,8 +208,8 @@ def predict(
             )
         else:
             parts = _price(c, profile, _sharing(algorithm, layout, rank))
-            if profile.oversubscribed:
-                parts["overlap"] = -_hidden(parts)
+        if profile.oversubscribed:
+            parts["overlap"] = parts.get("overlap", 0.0) - _hidden(parts)
         total = sum(parts.values())
         if worst is None or total > worst.seconds:
             worst = Prediction(
