@@ -19,6 +19,9 @@ from mpi4py import MPI
 
 from .collectives.buffers import is_device_array
 from .datatypes import DatatypeError, plan
+from .datatypes.choose import send_method
+from .datatypes.ir import shift
+from .datatypes.plan import Plan, _bytes_of
 from .runtime.comm import resolve_comm
 
 __all__ = ["send", "recv", "isend", "irecv", "sendrecv", "P2PRequest"]
@@ -35,25 +38,58 @@ def _owner(arr: np.ndarray) -> tuple[np.ndarray, int] | None:
     return base.reshape(-1, order="A").view(np.uint8), offset
 
 
-def _typed(arr: np.ndarray, method: str) -> tuple[Any, MPI.Datatype, int] | None:
-    """A zero-copy MPI message for a non-contiguous view, when that is the method to use."""
-    from .datatypes.choose import send_method
-    from .datatypes.ir import shift
-    from .datatypes.plan import Plan
-
-    view_plan = plan(arr)
+def _method(p: Plan, count: int, method: str) -> str:
     if method == "auto":
-        method = send_method(view_plan)[0]
-    if method == "pack":
-        return None
-    if method != "datatype":
+        return send_method(p, count)[0]
+    if method not in ("pack", "datatype"):
         raise DatatypeError(f"method must be auto, pack or datatype, not {method!r}")
-    owner = _owner(arr)
+    return method
+
+
+class _OwnedType:
+    """A committed MPI datatype kept with a plan's layout, freed when the layout goes."""
+
+    def __init__(self, dt: MPI.Datatype) -> None:
+        self.dt = dt
+
+    def __del__(self, _ready: Any = MPI.Is_initialized, _done: Any = MPI.Is_finalized) -> None:
+        # the functions are bound early: at exit this module's globals may be gone
+        if _ready() and not _done():
+            self.dt.Free()
+
+
+def _view_type(p: Plan) -> tuple[MPI.Datatype, int, int]:
+    """The view's layout as an MPI datatype starting at its lowest byte, and its span.
+
+    Made once per layout (kept with the plan's derived data): building and committing
+    a derived datatype for every send cost more than the send of a small message.
+    """
+    known = p._memo.get("mpi type")
+    if known is None:
+        lo, hi = p.true_bounds
+        dt = Plan(shift(p.items, -lo), 0, max(hi - lo, 1)).to_mpi()
+        known = p._memo["mpi type"] = (_OwnedType(dt), lo, hi)
+    return known[0].dt, known[1], known[2]
+
+
+def _typed(obj: Any, p: Plan, datatype: Any, count: int, method: str, writable: bool) -> Any:
+    """``[buffer, count, MPI type]`` for MPI to walk directly, when that is the method, else None.
+
+    ``p`` is the plan of the view (``datatype`` None) or of ``datatype``; the buffer is
+    checked to hold every byte the message reaches, as packing would.
+    """
+    if _method(p, count, method) == "pack":
+        return None
+    if datatype is not None:
+        area = _bytes_of(obj, "buf", writable=writable)
+        p._bounds(area, 0, count, "buf")
+        return [area, count, datatype]
+    owner = _owner(obj)
     if owner is None:
         return None
     base, offset = owner
-    dt = Plan(shift(view_plan.items, offset), 0, max(base.size, 1)).to_mpi()
-    return [base, 1, dt], dt, view_plan.size
+    dt, lo, hi = _view_type(p)
+    return [base[offset + lo : offset + hi], 1, dt]
 
 
 def _device_method(obj: Any, method: str) -> str:
@@ -88,7 +124,9 @@ def _outgoing(obj: Any, datatype: Any, count: int, method: str = "auto") -> np.n
 class _Incoming:
     """Where a message lands: ``obj`` itself when contiguous, else a buffer to unpack."""
 
-    def __init__(self, obj: Any, datatype: Any, count: int, method: str = "auto") -> None:
+    def __init__(
+        self, obj: Any, datatype: Any, count: int, method: str = "auto", known: Any = None
+    ) -> None:
         self.obj, self.datatype, self.count = obj, datatype, count
         self.device: str | None = None
         if is_device_array(obj):  # arrives in host memory, then goes to the device
@@ -100,7 +138,7 @@ class _Incoming:
             self.buffer = np.empty(self.plan.size * count, np.uint8)
             return
         if datatype is not None:
-            self.plan = plan(datatype)
+            self.plan = known if known is not None else plan(datatype)
             self.buffer = np.empty(self.plan.size * count, np.uint8)
             return
         arr = obj
@@ -112,7 +150,7 @@ class _Incoming:
             self.plan = None
             self.buffer = arr.reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)
         else:
-            self.plan = plan(arr)
+            self.plan = known if known is not None else plan(arr)
             self.buffer = np.empty(self.plan.size, np.uint8)
 
     def finish(self, status: MPI.Status) -> Any:
@@ -130,7 +168,7 @@ class _Incoming:
             else:
                 gpu.host_to_device(self.buffer, self.obj, self.device)
         elif self.plan is not None:
-            self.plan.unpack(self.buffer, self.obj, count=self.count)
+            self.plan._unpack(self.buffer, self.obj, self.count, 0, remember=False)
         return self.obj
 
 
@@ -163,22 +201,33 @@ def send(
 ) -> None:
     """Send an array (any layout) or ``count`` elements of ``datatype`` from the buffer ``obj``.
 
-    ``method`` for non-contiguous views: ``"pack"`` (copy into a contiguous buffer),
-    ``"datatype"`` (zero copy: MPI walks an equivalent derived datatype), or ``"auto"``
-    (the measured table in the profile, else pack; see ``datatypes.explain_send``); for
-    GPU arrays ``"staged"`` (a 2D copy into host memory), ``"device"`` (the pack kernel,
-    then one copy) or ``"auto"``.
+    ``method`` for non-contiguous views and for datatypes: ``"pack"`` (copy into a
+    contiguous buffer), ``"datatype"`` (zero copy: MPI walks the datatype, or for a view
+    an equivalent derived datatype made once per layout), or ``"auto"`` (the measured
+    table in the profile, else pack; see ``datatypes.explain_send``); for GPU arrays
+    ``"staged"`` (a 2D copy into host memory), ``"device"`` (the pack kernel, then one
+    copy) or ``"auto"``.
     """
-    if datatype is None and isinstance(obj, np.ndarray) and not obj.flags.c_contiguous:
-        typed = _typed(obj, method)
+    p = _host_plan(obj, datatype)
+    if p is not None:
+        typed = _typed(obj, p, datatype, count, method, writable=False)
         if typed is not None:
-            message, dt, _ = typed
-            try:
-                resolve_comm(comm).Send(message, dest, tag)
-            finally:
-                dt.Free()
-            return
+            resolve_comm(comm).Send(typed, dest, tag)
+        elif datatype is None:
+            resolve_comm(comm).Send(p.pack(obj), dest, tag)
+        else:
+            resolve_comm(comm).Send(p.pack(obj, count=count), dest, tag)
+        return
     resolve_comm(comm).Send(_outgoing(obj, datatype, count, method), dest, tag)
+
+
+def _host_plan(obj: Any, datatype: Any) -> Plan | None:
+    """The plan of a non-contiguous host view or of ``datatype`` (host buffer), else None."""
+    if datatype is None:
+        if isinstance(obj, np.ndarray) and not obj.flags.c_contiguous:
+            return plan(obj)
+        return None
+    return None if is_device_array(obj) else plan(datatype)
 
 
 def recv(
@@ -204,23 +253,21 @@ def recv(
         DatatypeError: the message's size is not what ``obj`` holds.
     """
     status = status if status is not None else MPI.Status()
-    if datatype is None and isinstance(obj, np.ndarray) and not obj.flags.c_contiguous:
-        if not obj.flags.writeable:
-            raise DatatypeError("recv into a read-only array")
-        typed = _typed(obj, method)
+    if datatype is None and isinstance(obj, np.ndarray) and not obj.flags.writeable:
+        raise DatatypeError("recv into a read-only array")
+    view_plan = _host_plan(obj, datatype)
+    if view_plan is not None:
+        typed = _typed(obj, view_plan, datatype, count, method, writable=True)
         if typed is not None:
-            message, dt, size = typed
-            try:
-                with _Truncation(size):
-                    resolve_comm(comm).Recv(message, source, tag, status)
-            finally:
-                dt.Free()
+            size = view_plan.size * count
+            with _Truncation(size):
+                resolve_comm(comm).Recv(typed, source, tag, status)
             if status.Get_count(MPI.BYTE) != size:
                 raise DatatypeError(
                     f"received {status.Get_count(MPI.BYTE)} bytes where {size} were expected"
                 )
             return obj
-    incoming = _Incoming(obj, datatype, count, method)
+    incoming = _Incoming(obj, datatype, count, method, view_plan)
     with _Truncation(incoming.buffer.size):
         resolve_comm(comm).Recv(incoming.buffer, source, tag, status)
     return incoming.finish(status)

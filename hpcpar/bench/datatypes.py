@@ -307,6 +307,65 @@ def _halo_variants(comm: Any, n: int) -> list[Variant]:
     return [Variant("hpcpar-halo", ours), Variant("pack+Sendrecv", handwritten)]
 
 
+def _send_cases(n: int) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
+    """Faces of the N^3 array and the small vector, for ``hpcpar.send`` between two ranks."""
+    names = ("x face", "y face", "z face", "small: 8 doubles")
+    return [c for c in _cases(n) if c[0].startswith(names)]
+
+
+def _send_variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> list[Variant]:
+    """A round trip of ``view`` between ranks 2k and 2k+1 (a last odd rank waits).
+
+    ``hpcpar-send`` sends the view (``method="auto"``), ``hpcpar-send-datatype`` the
+    whole array with ``datatype=dt``; the peers: ``mpi-datatype`` (``comm.Send`` and
+    ``Recv`` of ``[whole, 1, dt]``: the library walks the derived datatype) and
+    ``numpy+Send`` (``ascontiguousarray``, ``Send``; ``Recv`` into a new buffer, then
+    assigned into the view), as hand-written code would.
+    """
+    import hpcpar
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    partner = rank ^ 1 if (rank ^ 1) < size else None
+    first = rank % 2 == 0
+    back = np.zeros_like(whole)  # where the partner's data lands, the same view of it
+    offset = view.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
+    into = np.ndarray(view.shape, view.dtype, buffer=back, offset=offset, strides=view.strides)
+    sent = view
+
+    def trip(send: Callable[[], Any], recv: Callable[[], Any]) -> Callable[[], Any]:
+        if partner is None:
+            return lambda: None
+        if first:
+            return lambda: (send(), recv())
+        return lambda: (recv(), send())
+
+    def check() -> bool:
+        return partner is None or np.array_equal(into, sent)
+
+    def ours(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        return trip(lambda: hpcpar.send(sent, partner, comm=comm),
+                    lambda: hpcpar.recv(into, partner, comm=comm)), check  # fmt: skip
+
+    def ours_typed(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        return trip(lambda: hpcpar.send(whole, partner, comm=comm, datatype=dt),
+                    lambda: hpcpar.recv(back, partner, comm=comm, datatype=dt)), check  # fmt: skip
+
+    def library(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        return trip(lambda: comm.Send([whole, 1, dt], partner),
+                    lambda: comm.Recv([back, 1, dt], partner)), check  # fmt: skip
+
+    def handwritten(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        def recv() -> None:
+            buf = np.empty(sent.shape, sent.dtype)
+            comm.Recv(buf, partner)
+            into[...] = buf
+
+        return trip(lambda: comm.Send(np.ascontiguousarray(sent), partner), recv), check
+
+    return [Variant("hpcpar-send", ours), Variant("hpcpar-send-datatype", ours_typed),
+            Variant("mpi-datatype", library), Variant("numpy+Send", handwritten)]  # fmt: skip
+
+
 def _case(
     comm: Any,
     args: argparse.Namespace,
@@ -365,6 +424,13 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         size = 6 * args.n * args.n * 8
         variants = _halo_variants(comm, args.n)
         results += _case(comm, args, say, (title, "halo"), variants, size, "pack+Sendrecv")
+        for name, make in _send_cases(args.n):
+            whole, (view, dt) = make()
+            title = f"send round trip, ranks 2k <-> 2k+1: {name} (peer: mpi-datatype)"
+            variants = _send_variants(comm, whole, view, dt)
+            results += _case(comm, args, say, (title, f"send: {name}"), variants,
+                             dt.Get_size(), "mpi-datatype")  # fmt: skip
+            dt.Free()
     return [Row(r) for r in results]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..collectives.cost.profile import active_profile
 from .ir import Strided
 from .plan import Plan
 
@@ -58,11 +59,21 @@ def _nearest(table: list[list[float]], block: int, nbytes: int) -> list[float] |
 
 
 def send_method(p: Plan, count: int = 1, profile: Any = None) -> tuple[str, str]:
-    """``("pack" | "datatype", reason)`` for sending ``count`` elements of ``p``."""
-    row = _nearest(_table(_active(profile)), typical_block(p), p.size * count)
+    """``("pack" | "datatype", reason)`` for sending ``count`` elements of ``p``.
+
+    Worked out once per layout, count and profile (kept with the plan's layout).
+    """
+    active = _active(profile)
+    known = p._memo.get(("send method", count))
+    if known is not None and known[0] is active:
+        return known[1]
+    row = _nearest(_table(active), typical_block(p), p.size * count)
     if row is None:
-        return "pack", "no measured send table (hpcpar calibrate records one): pack"
-    return _choice(row, ("pack", "datatype"), (row[2], row[3]), p.size * count)
+        chosen = "pack", "no measured send table (hpcpar calibrate records one): pack"
+    else:
+        chosen = _choice(row, ("pack", "datatype"), (row[2], row[3]), p.size * count)
+    p._memo[("send method", count)] = (active, chosen)
+    return chosen
 
 
 def _choice(
@@ -83,11 +94,7 @@ def _choice(
 
 
 def _active(profile: Any) -> Any:
-    if profile is None:
-        from ..collectives.cost.profile import active_profile
-
-        return active_profile()
-    return profile
+    return active_profile() if profile is None else profile
 
 
 def device_send_method(p: Plan, profile: Any = None) -> tuple[str, str]:

@@ -43,6 +43,30 @@ class Kernel:
     size: int
     dims: tuple[tuple[int, int, int], ...]
 
+    @functools.cached_property
+    def empty(self) -> bool:
+        """True when the kernel moves no bytes."""
+        return self.size == 0 or any(c == 0 for c, _, _ in self.dims)
+
+    @functools.cached_property
+    def words(self) -> tuple[int, ...]:
+        """Word sizes, widest first, that divide the block, the strides and both offsets.
+
+        Whether the buffers' addresses allow a word is checked on the views themselves
+        (numpy's ``aligned`` flag), which is cheaper than reading the addresses.
+        """
+        fits = [w for w in (8, 4, 2)
+                if not (self.size % w or self.src % w or self.dst % w)
+                and all(s % w == 0 and d % w == 0 for _, s, d in self.dims)]  # fmt: skip
+        return (*fits, 1)
+
+    @functools.cached_property
+    def shapes(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+        """Per word size: (shape, source strides, packed strides) of the two views."""
+        counts = tuple(c for c, _, _ in self.dims)
+        return {w: ((*counts, self.size // w), (*(s for _, s, _ in self.dims), w),
+                    (*(d for _, _, d in self.dims), w)) for w in self.words}  # fmt: skip
+
 
 def flatten(
     items: tuple[Item, ...], outer: tuple[tuple[int, int, int], ...] = (), dst: int = 0
@@ -66,17 +90,25 @@ def flatten(
 
 
 def _word(k: Kernel, src_addr: int, dst_addr: int) -> int:
-    for w in (8, 4, 2):
-        if k.size % w or (src_addr + k.src) % w or (dst_addr + k.dst) % w:
-            continue
-        if all(s % w == 0 and d % w == 0 for _, s, d in k.dims):
-            return w
-    return 1
+    """The widest word of ``k.words`` that both base addresses allow (device buffers)."""
+    return next(w for w in k.words if src_addr % w == 0 and dst_addr % w == 0)
 
 
-def _view(buf: np.ndarray, offset: int, k: Kernel, w: int, strides: tuple[int, ...]) -> np.ndarray:
-    shape = (*(c for c, _, _ in k.dims), k.size // w)
-    return np.ndarray(shape, dtype=_WORDS[w], buffer=buf, offset=offset, strides=(*strides, w))
+def _kernel_views(
+    k: Kernel, unpacked: np.ndarray, packed: np.ndarray, origin: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (user, packed) strided views of one kernel, in the widest word both allow.
+
+    ``numpy.ndarray(buffer=...)`` refuses any view that would reach outside its buffer.
+    """
+    for w in k.words:
+        shape, src_strides, dst_strides = k.shapes[w]
+        word = _WORDS[w]
+        user = np.ndarray(shape, word, buffer=unpacked, offset=origin + k.src, strides=src_strides)
+        flat = np.ndarray(shape, word, buffer=packed, offset=k.dst, strides=dst_strides)
+        if w == 1 or (user.flags.aligned and flat.flags.aligned):
+            break
+    return user, flat
 
 
 def copy_kernels(
@@ -357,16 +389,7 @@ def _views(
         hit = _RECENT.get(key)
         if hit is not None and hit[0] is kernels and hit[1] is keys[0] and hit[2] is keys[1]:
             return hit[3]
-    src_addr = unpacked.__array_interface__["data"][0]
-    dst_addr = packed.__array_interface__["data"][0]
-    views = []
-    for k in kernels:
-        if k.size == 0 or any(c == 0 for c, _, _ in k.dims):
-            continue
-        w = _word(k, src_addr + origin, dst_addr)
-        user = _view(unpacked, origin + k.src, k, w, tuple(s for _, s, _ in k.dims))
-        flat = _view(packed, k.dst, k, w, tuple(d for _, _, d in k.dims))
-        views.append((user, flat))
+    views = [_kernel_views(k, unpacked, packed, origin) for k in kernels if not k.empty]
     if key is not None:
         if len(_RECENT) >= _RECENT_MAX:
             _RECENT.pop(next(iter(_RECENT)))

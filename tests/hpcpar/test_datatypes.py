@@ -601,3 +601,42 @@ def test_packer_and_unpacker_repeat_pack_and_unpack_on_new_values(kind):
     with pytest.raises(datatypes.DatatypeError, match="read-only"):
         p.unpacker(out, frozen)
     t.Free()
+
+
+def test_plans_are_worked_out_once_per_layout_and_hold_no_buffers():
+    import gc
+    import weakref
+
+    a = np.arange(64.0).reshape(8, 8)
+    t = MPI.DOUBLE.Create_vector(8, 3, 8).Commit()
+    p1, p2 = datatypes.plan(t), datatypes.plan(t)
+    assert p1 is not p2 and p1 == p2  # one decoding, two plans
+    assert p1._kernels(1) is p2._kernels(1)  # what the layout gives is shared ...
+    o1, o2 = np.empty(p1.size, np.uint8), np.empty(p1.size, np.uint8)
+    again = p1.packer(a.reshape(-1).view(np.uint8), o1)
+    b = -a
+    p2.pack(b.reshape(-1).view(np.uint8), out=o2)  # ... the buffers each plan packed are not
+    again()
+    assert o1.tobytes() == np.ascontiguousarray(a[:, :3]).tobytes()
+    assert o2.tobytes() == np.ascontiguousarray(b[:, :3]).tobytes()
+    assert datatypes.plan(t, count=2).size == 2 * p1.size
+    t.Free()
+    # a new datatype (which may reuse the freed handle) is decoded afresh: the plans went
+    # with the freed datatype
+    u = MPI.DOUBLE.Create_contiguous(5).Commit()
+    assert datatypes.plan(u).items == datatypes.plan(np.zeros(5)).items  # 40 bytes, one block
+    u.Free()
+    # an uncommitted datatype is refused, as MPI would
+    loose = MPI.DOUBLE.Create_vector(2, 1, 2)
+    with pytest.raises(DatatypeError, match="not committed"):
+        datatypes.plan(loose)
+    loose.Free()
+    # views: one plan per (shape, strides, dtype); packing through it keeps nothing alive
+    big = np.arange(1000.0)
+    gone = weakref.ref(big)
+    assert datatypes.plan(big[::3]) == datatypes.plan(np.zeros(3000)[::3][:334])
+    packed = datatypes.plan(big[::3]).pack(big[::3])
+    assert packed.tobytes() == big[::3].tobytes()
+    del big
+    gc.collect()
+    assert gone() is None

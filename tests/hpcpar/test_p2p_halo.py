@@ -137,7 +137,35 @@ def test_zero_copy_datatype_method_interoperates_with_packing(comm, send_method,
         hpcpar.send(grid[::2, ::-3], right, tag=3, method=send_method)
     want = np.zeros((7, 9))
     want[::2, 1:4] = (np.arange(63.0).reshape(7, 9) + 100 * left)[::2, ::-3]
-    assert_all(np.array_equal(got, want), f"{send_method} -> {recv_method}", comm)
+    ok = np.array_equal(got, want)
+    # the same layouts again, at other offsets with new values: the zero-copy path reuses
+    # the MPI datatype it made for the layout, which must not carry the old offset
+    got2 = np.zeros((7, 9))
+    if rank % 2 == 0:
+        hpcpar.send((grid + 0.5)[1::2, -2::-3], right, tag=4, method=send_method)
+        hpcpar.recv(got2[1::2, 5:8], left, tag=4, method=recv_method)
+    else:
+        hpcpar.recv(got2[1::2, 5:8], left, tag=4, method=recv_method)
+        hpcpar.send((grid + 0.5)[1::2, -2::-3], right, tag=4, method=send_method)
+    want2 = np.zeros((7, 9))
+    want2[1::2, 5:8] = (np.arange(63.0).reshape(7, 9) + 100 * left + 0.5)[1::2, -2::-3]
+    ok &= np.array_equal(got2, want2)
+    # an MPI datatype, either method on either side
+    vec = MPI.DOUBLE.Create_vector(3, 2, 5).Commit()
+    area = np.arange(20.0) + 1000 * rank
+    into = np.zeros(21)
+    if rank % 2 == 0:
+        hpcpar.send(area, right, tag=6, datatype=vec, count=1, method=send_method)
+        hpcpar.recv(into, left, tag=6, datatype=vec, method=recv_method)
+    else:
+        hpcpar.recv(into, left, tag=6, datatype=vec, method=recv_method)
+        hpcpar.send(area, right, tag=6, datatype=vec, count=1, method=send_method)
+    vec.Free()
+    want3 = np.zeros(21)
+    for b in range(3):
+        want3[5 * b : 5 * b + 2] = np.arange(5 * b, 5 * b + 2) + 1000 * left
+    ok &= np.array_equal(into, want3)
+    assert_all(bool(ok), f"{send_method} -> {recv_method}", comm)
 
 
 def test_explain_send_and_bad_method(comm):
@@ -147,6 +175,15 @@ def test_explain_send_and_bad_method(comm):
     assert "send by: pack" in text and "typical block 8 B" in text
     with pytest.raises(DatatypeError, match="method must be"):
         hpcpar.send(np.zeros((4, 4))[:, 0], comm.Get_rank(), method="smoke")
+    vec = MPI.DOUBLE.Create_vector(3, 2, 5).Commit()
+    for method in ("datatype", "pack"):  # refused before anything is sent: no rank waits
+        with pytest.raises(DatatypeError, match="reach bytes"):
+            hpcpar.send(np.zeros(4), comm.Get_rank(), datatype=vec, method=method)
+    frozen = np.zeros(20)
+    frozen.flags.writeable = False
+    with pytest.raises(DatatypeError, match="read-only"):
+        hpcpar.recv(frozen, comm.Get_rank(), datatype=vec, method="datatype")
+    vec.Free()
 
 
 @pytest.mark.skipif(not gpu_available(), reason="needs cupy and a GPU")
