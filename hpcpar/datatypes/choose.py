@@ -2,8 +2,12 @@
 
 A small table measured by ``hpcpar calibrate`` (block size x message size -> seconds for
 each method, between two ranks) decides; the nearest measured class in log scale is
-used. Without a table hpcpar packs: on this project's machines its packer beats the
-MPI library's datatype engine on every irregular layout it was measured on.
+used. Without a table hpcpar packs messages larger than ``SMALL_MESSAGE_BYTES``: on
+this project's machines its packer beats the MPI library's datatype engine on the
+irregular layouts it was measured on (a 1 MiB vector of 8-byte blocks: round trip
+0.79 ms packed, 2.4 ms by MPICH's datatype); smaller ones go as the datatype, since
+packing in Python costs more than such a message (64 B - 1 KiB: 8-9 us a round trip
+against 26-28 packed, for a datatype; BENCHMARKS.md, datatypes, session 11).
 
 GPU arrays travel through host memory, by one of two methods (``device_send_method``):
 ``staged``, one ``cudaMemcpy2D`` between the view and host memory where the layout is
@@ -23,6 +27,8 @@ from .ir import Strided
 from .plan import Plan
 
 __all__ = ["send_method", "device_send_method", "explain_send", "typical_block"]
+
+SMALL_MESSAGE_BYTES = 4096  # without a measured table, messages this small go as datatypes
 
 
 def typical_block(p: Plan) -> int:
@@ -68,7 +74,16 @@ def send_method(p: Plan, count: int = 1, profile: Any = None) -> tuple[str, str]
     if known is not None and known[0] is active:
         return known[1]
     row = _nearest(_table(active), typical_block(p), p.size * count)
-    if row is None:
+    nbytes = p.size * count
+    if row is None and nbytes <= SMALL_MESSAGE_BYTES:
+        chosen = (
+            "datatype",
+            (
+                f"no measured send table (hpcpar calibrate records one); {nbytes} B is at most "
+                f"{SMALL_MESSAGE_BYTES} B: MPI walks the datatype, cheaper than packing in Python"
+            ),
+        )
+    elif row is None:
         chosen = "pack", "no measured send table (hpcpar calibrate records one): pack"
     else:
         chosen = _choice(row, ("pack", "datatype"), (row[2], row[3]), p.size * count)

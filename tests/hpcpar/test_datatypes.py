@@ -384,7 +384,10 @@ def test_send_method_follows_the_measured_table():
     assert method == "datatype"  # 32 KiB of 8 B blocks: half the measured class's bytes
     assert "predicted for 32768 B: pack 100.0 us, datatype 50.0 us" in reason
     assert send_method(big, profile=profile)[0] == "pack"
-    assert send_method(big, profile=default_profile())[0] == "pack"  # no table: pack
+    assert send_method(big, profile=default_profile())[0] == "pack"  # no table: pack, ...
+    tiny = datatypes.plan(np.zeros((64, 16), np.uint8)[:, :8])
+    assert send_method(tiny, profile=default_profile())[0] == "datatype"  # ... but 512 B
+    assert send_method(tiny, profile=profile)[0] == "datatype"  # the table's nearest class
     doc["mpi_library"]["send_methods"]["table"] = [[8, 65536, 2e-4]]
     with pytest.raises(ProfileError, match=r"send_methods\.table"):
         profile_from_json(doc)

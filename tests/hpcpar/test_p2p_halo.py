@@ -63,13 +63,27 @@ def global_value(coords):
 @pytest.mark.parametrize(
     "on",
     [
-        "host",
+        "host",  # contiguous faces in place, small ones as MPI datatypes (no table)
+        "host, packed",  # a measured table that says pack
+        "host, datatypes",  # a measured table that says send MPI datatypes
+        "host, Fortran order",  # no face is in place: every one packed
         pytest.param(
             "gpu", marks=pytest.mark.skipif(not gpu_available(), reason="needs cupy and a GPU")
         ),
     ],
 )
-def test_halo_exchange_matches_the_global_array(comm, ndims, periodic, on):
+def test_halo_exchange_matches_the_global_array(comm, ndims, periodic, on, tmp_path, monkeypatch):
+    if on in ("host, packed", "host, datatypes"):
+        import json
+
+        from hpcpar.collectives.cost.profile import default_profile
+
+        pack, typed = (1e-6, 1e-3) if on == "host, packed" else (1e-3, 1e-6)
+        doc = default_profile().to_json()
+        doc["mpi_library"] = {"send_methods": {"ranks": 2, "table": [[8, 64, pack, typed]]}}
+        path = tmp_path / f"profile-{comm.Get_rank()}.json"
+        path.write_text(json.dumps(doc))
+        monkeypatch.setenv("HPCPAR_PROFILE", str(path))
     size = comm.Get_size()
     dims = MPI.Compute_dims(size, ndims)
     cart = comm.Create_cart(dims, periods=[periodic] * ndims, reorder=False)
@@ -89,6 +103,8 @@ def test_halo_exchange_matches_the_global_array(comm, ndims, periodic, on):
         import cupy
 
         a = cupy.asnumpy(halo.exchange(cupy.asarray(a)))
+    elif on == "host, Fortran order":
+        a = halo.exchange(np.asfortranarray(a))
     else:
         halo.exchange(a)
     bad = []
@@ -171,7 +187,9 @@ def test_zero_copy_datatype_method_interoperates_with_packing(comm, send_method,
 def test_explain_send_and_bad_method(comm):
     from hpcpar.datatypes.choose import explain_send
 
-    text = explain_send(np.zeros((8, 8))[:, ::2])
+    text = explain_send(np.zeros((8, 8))[:, ::2])  # 256 B: MPI walks it, no table needed
+    assert "send by: datatype" in text and "typical block 8 B" in text
+    text = explain_send(np.zeros((64, 64))[:, ::2])  # 16 KiB: packed
     assert "send by: pack" in text and "typical block 8 B" in text
     with pytest.raises(DatatypeError, match="method must be"):
         hpcpar.send(np.zeros((4, 4))[:, 0], comm.Get_rank(), method="smoke")
