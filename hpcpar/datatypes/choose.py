@@ -75,7 +75,14 @@ def send_method(p: Plan, count: int = 1, profile: Any = None) -> tuple[str, str]
         return known[1]
     row = _nearest(_table(active), typical_block(p), p.size * count)
     nbytes = p.size * count
-    if row is None and nbytes <= SMALL_MESSAGE_BYTES:
+    if (
+        count == 1
+        and len(p.items) == 1
+        and isinstance(p.items[0], Strided)
+        and not p.items[0].counts
+    ):
+        chosen = "datatype", "one contiguous block: MPI sends it in place, nothing to pack"
+    elif row is None and nbytes <= SMALL_MESSAGE_BYTES:
         chosen = (
             "datatype",
             (

@@ -142,6 +142,13 @@ def test_datatypes_benchmark_end_to_end(comm, tmp_path, capsys):
             "mpi-unpack",
         }
         assert ("halo" in cases) == (comm.Get_size() > 1)  # against hand-written Sendrecv
+        sends = {c for c in cases if c.startswith("send: ")}  # round trips, byte-checked
+        assert len(sends) == (4 if comm.Get_size() > 1 else 0)
+        assert {r["variant"] for r in rows if r["case"] in sends} == (
+            {"hpcpar-send", "hpcpar-send-datatype", "mpi-datatype", "numpy+Send"}
+            if sends
+            else set()
+        )
 
 
 @pytest.mark.mpi

@@ -388,6 +388,10 @@ def test_send_method_follows_the_measured_table():
     tiny = datatypes.plan(np.zeros((64, 16), np.uint8)[:, :8])
     assert send_method(tiny, profile=default_profile())[0] == "datatype"  # ... but 512 B
     assert send_method(tiny, profile=profile)[0] == "datatype"  # the table's nearest class
+    plane = MPI.DOUBLE.Create_subarray([8, 64, 64], [1, 64, 64], [3, 0, 0]).Commit()
+    method, reason = send_method(datatypes.plan(plane), profile=default_profile())
+    assert method == "datatype" and "contiguous" in reason  # 32 KiB, but nothing to pack
+    plane.Free()
     doc["mpi_library"]["send_methods"]["table"] = [[8, 65536, 2e-4]]
     with pytest.raises(ProfileError, match=r"send_methods\.table"):
         profile_from_json(doc)
