@@ -308,8 +308,9 @@ def _halo_variants(comm: Any, n: int) -> list[Variant]:
 
 
 def _send_cases(n: int) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
-    """Faces of the N^3 array and the small vector, for ``hpcpar.send`` between two ranks."""
-    names = ("x face", "y face", "z face", "small: 8 doubles")
+    """Faces and interior of the N^3 array, 16 MB of 8 and 64 B blocks, the small vector."""
+    names = ("x face", "y face", "z face", "interior", "vector of 8 B", "vector of 64 B",
+             "small: 8 doubles")  # fmt: skip
     return [c for c in _cases(n) if c[0].startswith(names)]
 
 

@@ -326,6 +326,34 @@ def test_describe_and_to_mpi():
     dt.Free()
 
 
+@pytest.mark.parametrize(
+    "slicer",
+    [
+        lambda a: a.reshape(-1)[::2],  # 1,000 single doubles: 62 groups of 16 and a tail of 8
+        lambda a: a.reshape(-1)[: 16 * 20 * 2 : 2],  # 320 = 20 groups of 16, no tail
+        lambda a: a.reshape(10, 10, 20)[:, :, 3],  # 100 blocks at one stride (merged dims)
+        lambda a: a.reshape(40, 50)[1:-1, 2:40:2],  # rows of 19 single doubles, 38 rows
+        lambda a: a.reshape(40, 50)[::-2, 1:4],  # 24 B blocks, negative stride
+        lambda a: a.reshape(-1).view(np.uint8)[: 17 * 12].reshape(17, 12)[:, :3],  # odd bytes
+        lambda a: a.reshape(2, 1000)[:, ::17],  # 2 x 59 single doubles
+    ],
+)
+def test_to_mpi_packs_what_the_plan_packs(slicer):
+    from hpcpar.datatypes.ir import shift
+    from hpcpar.datatypes.plan import Plan
+
+    a = np.random.default_rng(3).random(2000)
+    view = slicer(a)
+    p = datatypes.plan(view)
+    lo, hi = p.true_bounds
+    dt = Plan(shift(p.items, -lo), 0, hi - lo).to_mpi()  # the type zero-copy sends use
+    owner = a.reshape(-1).view(np.uint8)
+    start = view.__array_interface__["data"][0] - a.__array_interface__["data"][0]
+    got = mpi_pack(dt, owner[start + lo : start + hi], 0)
+    assert got.tobytes() == np.ascontiguousarray(view).tobytes()
+    dt.Free()
+
+
 def test_bad_input():
     freed = MPI.DOUBLE.Create_contiguous(2).Commit()
     freed.Free()
