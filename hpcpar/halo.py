@@ -2,12 +2,14 @@
 
 Dimension by dimension, each rank sends the ``width`` interior layers next to each face
 to the neighbour on that side and receives that neighbour's layers into its halo. The
-faces of later dimensions span the halos already filled, so edges and corners arrive
-too (periodic or not; at a non-periodic boundary the halo is left as it was). Face
-plans are built once. A face that is one contiguous block (the first dimension's, in a
-C-ordered array) is sent from the array and received into it, with no copy; any other
-goes as ``hpcpar.send`` would send it (``datatypes.choose.send_method``): packed into
-a preallocated buffer, or as an MPI datatype made once for its layout.
+faces of later dimensions span the halos already filled, so edges and corners arrive too
+(periodic or not; at a non-periodic boundary the halo is left as it was). Face plans are
+built once. Along a periodic dimension of one rank the halo is the rank's own opposite
+face: copied in place, without MPI. A face that is one contiguous block (the first
+dimension's, in a C-ordered array) is sent from the array and received into it, with no
+copy; any other goes as ``hpcpar.send`` would send it
+(``datatypes.choose.send_method``): packed into a preallocated buffer, or as an MPI
+datatype made once for its layout.
 
 Arrays may also be GPU arrays (cupy, or anything with the CUDA array interface): each
 face then travels through host memory as ``hpcpar.send`` moves it, staged by one 2D
@@ -126,9 +128,14 @@ class HaloExchange:
         if is_device_array(a):
             return self._exchange_device(a)
         flat = a.reshape(-1).view(np.uint8) if a.flags.c_contiguous else None
+        me = self.comm.Get_rank()
         tag = 0
         for moves in self._host_steps:
             for send_at, recv_at, to, frm, outgoing, incoming, (out_way, in_way) in moves:
+                if to == frm == me:  # periodic over one rank: the halo is this rank's own face
+                    np.copyto(a[recv_at], a[send_at])
+                    tag += 1
+                    continue
                 sending = _message(a, flat, send_at, out_way)
                 if sending is None:  # the face's strided copy into its packed buffer
                     np.copyto(outgoing, a[send_at])
