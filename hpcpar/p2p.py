@@ -12,6 +12,7 @@ packed data).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,8 @@ from .collectives.buffers import is_device_array
 from .datatypes import DatatypeError, plan
 from .datatypes.choose import send_method
 from .datatypes.ir import shift
-from .datatypes.plan import Plan, _bytes_of
+from .datatypes.kernels import copy_op
+from .datatypes.plan import Plan, _bytes_of, shared_plan
 from .runtime.comm import resolve_comm
 
 __all__ = ["send", "recv", "isend", "irecv", "sendrecv", "P2PRequest"]
@@ -34,8 +36,18 @@ def _owner(arr: np.ndarray) -> tuple[np.ndarray, int] | None:
         base = base.base
     if not (base.flags.c_contiguous or base.flags.f_contiguous):
         return None
-    offset = arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    known = _BASES.get(id(base))
+    if known is None or known[0]() is not base:  # its address, read once (0.9 us a read)
+        if len(_BASES) >= 64:
+            _BASES.clear()
+        known = _BASES[id(base)] = (weakref.ref(base), base.__array_interface__["data"][0])
+    offset = arr.__array_interface__["data"][0] - known[1]
     return base.reshape(-1, order="A").view(np.uint8), offset
+
+
+# addresses of the owners of recently sent views, by id: (weak reference, address); the
+# weak reference tells a live owner from a new array that reuses a freed one's id
+_BASES: dict[int, tuple[Any, int]] = {}
 
 
 def _method(p: Plan, count: int, method: str) -> str:
@@ -127,11 +139,11 @@ def _outgoing(obj: Any, datatype: Any, count: int, method: str = "auto") -> np.n
             return gpu.pack_device(plan(datatype), obj, count=count).get()
         return gpu.device_to_host(obj, _device_method(obj, method))
     if datatype is not None:
-        return plan(datatype).pack(obj, count=count)
+        return shared_plan(datatype).pack(obj, count=count)
     arr = np.asarray(obj)
     if arr.flags.c_contiguous:
         return arr.reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)
-    return plan(arr).pack(arr)
+    return shared_plan(arr).pack(arr)
 
 
 class _Incoming:
@@ -142,6 +154,7 @@ class _Incoming:
     ) -> None:
         self.obj, self.datatype, self.count = obj, datatype, count
         self.device: str | None = None
+        self.typed: np.ndarray | None = None  # a view's landing buffer, in its own type
         if is_device_array(obj):  # arrives in host memory, then goes to the device
             from .datatypes.gpu import require_cupy
 
@@ -151,7 +164,7 @@ class _Incoming:
             self.buffer = np.empty(self.plan.size * count, np.uint8)
             return
         if datatype is not None:
-            self.plan = known if known is not None else plan(datatype)
+            self.plan = known if known is not None else shared_plan(datatype)
             self.buffer = np.empty(self.plan.size * count, np.uint8)
             return
         arr = obj
@@ -163,8 +176,9 @@ class _Incoming:
             self.plan = None
             self.buffer = arr.reshape(-1).view(np.uint8) if arr.size else np.empty(0, np.uint8)
         else:
-            self.plan = known if known is not None else plan(arr)
-            self.buffer = np.empty(self.plan.size, np.uint8)
+            self.plan = known if known is not None else shared_plan(arr)
+            self.typed = np.empty(arr.shape, arr.dtype)
+            self.buffer = self.typed.reshape(-1).view(np.uint8)
 
     def finish(self, status: MPI.Status) -> Any:
         got = status.Get_count(MPI.BYTE)
@@ -180,6 +194,9 @@ class _Incoming:
                 cupy.cuda.get_current_stream().synchronize()
             else:
                 gpu.host_to_device(self.buffer, self.obj, self.device)
+        elif self.typed is not None:  # a view: one copy from its own type, nothing to check
+            copy, dst, src = copy_op(self.obj, self.typed)
+            copy(dst, src)
         elif self.plan is not None:
             self.plan._unpack(self.buffer, self.obj, self.count, 0, remember=False)
         return self.obj
@@ -238,9 +255,9 @@ def _host_plan(obj: Any, datatype: Any) -> Plan | None:
     """The plan of a non-contiguous host view or of ``datatype`` (host buffer), else None."""
     if datatype is None:
         if isinstance(obj, np.ndarray) and not obj.flags.c_contiguous:
-            return plan(obj)
+            return shared_plan(obj)
         return None
-    return None if is_device_array(obj) else plan(datatype)
+    return None if is_device_array(obj) else shared_plan(datatype)
 
 
 def recv(

@@ -460,6 +460,15 @@ def plan(obj: Any, count: int = 1) -> Plan:
         DatatypeError: a null, freed or uncommitted datatype, a broadcast view, a bad
             count.
     """
+    return _fresh(shared_plan(obj, count))
+
+
+def shared_plan(obj: Any, count: int = 1) -> Plan:
+    """``plan(obj, count)`` itself, shared by every caller (no copy: 0.35 us less).
+
+    Only for callers that never call ``pack(..., out=...)``, ``unpack`` or ``packer``
+    on it (they remember buffers), as ``hpcpar.send`` and ``recv`` do not.
+    """
     if isinstance(obj, MPI.Datatype):
         if obj == MPI.DATATYPE_NULL:
             raise DatatypeError("datatype is MPI.DATATYPE_NULL (freed or never created)")
@@ -469,14 +478,14 @@ def plan(obj: Any, count: int = 1) -> Plan:
     elif isinstance(obj, np.dtype):
         key = obj
     else:
-        return _fresh(_plan_of(obj, count))
+        return _plan_of(obj, count)
     known = _LAYOUTS.get(key)
     if known is None:
         known = _plan_of(obj, count)
         if len(_LAYOUTS) >= _LAYOUTS_MAX:
             _LAYOUTS.pop(next(iter(_LAYOUTS)))
         _LAYOUTS[key] = known
-    return _fresh(known)
+    return known
 
 
 # Plans of views and dtypes by (shape, strides, dtype) or dtype: the first of each
@@ -512,7 +521,7 @@ def _datatype_plan(dt: MPI.Datatype, count: int) -> Plan:
         if len(plans) >= 16:
             plans.clear()
         plans[count] = known
-    return _fresh(known)
+    return known
 
 
 def _check_committed(dt: MPI.Datatype) -> None:

@@ -166,6 +166,22 @@ def test_zero_copy_datatype_method_interoperates_with_packing(comm, send_method,
     want2 = np.zeros((7, 9))
     want2[1::2, 5:8] = (np.arange(63.0).reshape(7, 9) + 100 * left + 0.5)[1::2, -2::-3]
     ok &= np.array_equal(got2, want2)
+    # nothing hpcpar keeps (plans, types, owners' addresses) holds a sent array alive
+    import gc
+    import weakref
+
+    sent = grid * 2.0
+    gone = weakref.ref(sent)
+    if rank % 2 == 0:
+        hpcpar.send(sent[::2, 1:4], right, tag=5, method=send_method)
+        hpcpar.recv(got2[::2, 1:4], left, tag=5, method=recv_method)
+    else:
+        hpcpar.recv(got2[::2, 1:4], left, tag=5, method=recv_method)
+        hpcpar.send(sent[::2, 1:4], right, tag=5, method=send_method)
+    del sent
+    gc.collect()
+    ok &= gone() is None
+    ok &= np.array_equal(got2[::2, 1:4], (np.arange(63.0).reshape(7, 9) + 100 * left)[::2, 1:4] * 2)
     # an MPI datatype, either method on either side
     vec = MPI.DOUBLE.Create_vector(3, 2, 5).Commit()
     area = np.arange(20.0) + 1000 * rank
