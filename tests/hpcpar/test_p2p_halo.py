@@ -215,8 +215,13 @@ def test_explain_send_and_bad_method(comm):
             hpcpar.send(np.zeros(4), comm.Get_rank(), datatype=vec, method=method)
     frozen = np.zeros(20)
     frozen.flags.writeable = False
-    with pytest.raises(DatatypeError, match="read-only"):
-        hpcpar.recv(frozen, comm.Get_rank(), datatype=vec, method="datatype")
+    for method in ("datatype", "pack"):  # refused before receiving: nothing is consumed
+        with pytest.raises(DatatypeError, match="read-only"):
+            hpcpar.recv(frozen, comm.Get_rank(), datatype=vec, method=method)
+        with pytest.raises(DatatypeError, match="reach bytes"):
+            hpcpar.recv(np.zeros(4), comm.Get_rank(), datatype=vec, method=method)
+    with pytest.raises(DatatypeError, match="reach bytes"):
+        hpcpar.irecv(np.zeros(4), comm.Get_rank(), datatype=vec)
     vec.Free()
 
 
