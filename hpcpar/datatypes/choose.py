@@ -1,8 +1,8 @@
 """How to send a non-contiguous layout: pack it, or hand MPI the derived datatype.
 
-A small table measured by ``hpcpar calibrate`` (block size x message size -> seconds for
-each method, between two ranks) decides; the nearest measured class in log scale is
-used. Without a table hpcpar packs messages larger than ``SMALL_MESSAGE_BYTES``: on
+A small table measured by ``hpcpar calibrate`` (block size x message size x stride ->
+seconds for each method, between two ranks) decides; the nearest measured class in log
+scale is used. Without a table hpcpar packs messages larger than ``SMALL_MESSAGE_BYTES``: on
 this project's machines its packer beats the MPI library's datatype engine on the
 irregular layouts it was measured on (a 1 MiB vector of 8-byte blocks: round trip
 0.79 ms packed, 2.4 ms by MPICH's datatype); smaller ones go as the datatype, since
@@ -45,6 +45,24 @@ def typical_block(p: Plan) -> int:
     return int(weighted / total) if total else 0
 
 
+def typical_spread(p: Plan) -> float:
+    """How far apart the plan's blocks lie, in block sizes (1: dense; weighted by bytes).
+
+    The innermost stride of each strided block over its size; a single block counts 1.
+    """
+    total, weighted = 0, 0.0
+    stack = list(p.items)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Strided):
+            spread = abs(item.strides[-1]) / item.size if item.counts and item.size else 1.0
+            total += item.nbytes
+            weighted += item.nbytes * max(spread, 1.0)
+        else:
+            stack.extend(item.body)
+    return weighted / total if total else 1.0
+
+
 def _table(profile: Any, key: str = "send_methods") -> list[list[float]]:
     if profile is None:
         return []
@@ -52,14 +70,26 @@ def _table(profile: Any, key: str = "send_methods") -> list[list[float]]:
     return entry.get("table", []) if isinstance(entry, dict) else []
 
 
-def _nearest(table: list[list[float]], block: int, nbytes: int) -> list[float] | None:
+def _nearest(
+    table: list[list[float]], block: int, nbytes: int, spread: float | None = None
+) -> list[float] | None:
+    """The measured class nearest in log scale to this block size and message size.
+
+    Where the table has a fifth column (the stride) and ``spread`` is given, how far
+    apart the blocks lie counts too (rows without it were measured twice their size
+    apart).
+    """
     if not table:
         return None
 
     def distance(row: list[float]) -> float:
-        return abs(math.log2(max(row[0], 1) / max(block, 1))) + abs(
+        far = abs(math.log2(max(row[0], 1) / max(block, 1))) + abs(
             math.log2(max(row[1], 1) / max(nbytes, 1))
         )
+        if spread is not None:
+            measured = row[4] / max(row[0], 1) if len(row) > 4 else 2.0
+            far += abs(math.log2(max(measured, 1.0) / max(spread, 1.0)))
+        return far
 
     return min(table, key=distance)
 
@@ -73,7 +103,7 @@ def send_method(p: Plan, count: int = 1, profile: Any = None) -> tuple[str, str]
     known = p._memo.get(("send method", count))
     if known is not None and known[0] is active:
         return known[1]
-    row = _nearest(_table(active), typical_block(p), p.size * count)
+    row = _nearest(_table(active), typical_block(p), p.size * count, typical_spread(p))
     nbytes = p.size * count
     if (
         count == 1
@@ -141,5 +171,8 @@ def explain_send(obj: Any, count: int = 1, profile: Any = None) -> str:
         method, reason = device_send_method(p, profile)
     else:
         method, reason = send_method(p, count, profile)
-    sizes = f"typical block {typical_block(p)} B, {p.size * count} B packed"
+    sizes = (
+        f"typical block {typical_block(p)} B, blocks {typical_spread(p):.3g} block sizes "
+        f"apart, {p.size * count} B packed"
+    )
     return f"{p.describe()}\n{sizes}\nsend by: {method} ({reason})"

@@ -420,9 +420,20 @@ def test_send_method_follows_the_measured_table():
     method, reason = send_method(datatypes.plan(plane), profile=default_profile())
     assert method == "datatype" and "contiguous" in reason  # 32 KiB, but nothing to pack
     plane.Free()
-    doc["mpi_library"]["send_methods"]["table"] = [[8, 65536, 2e-4]]
-    with pytest.raises(ProfileError, match=r"send_methods\.table"):
-        profile_from_json(doc)
+    # a fifth column, the stride: dense and sparse layouts of one block size differ
+    doc["mpi_library"]["send_methods"]["table"] = [
+        [8, 65536, 1e-4, 2e-4, 16],  # 8 B blocks 16 B apart: pack wins
+        [8, 65536, 2e-4, 1e-4, 768],  # 8 B blocks 768 B apart (a z face): datatype wins
+    ]
+    strided = profile_from_json(doc)
+    dense = datatypes.plan(np.zeros((8192, 2))[:, 0])
+    sparse = datatypes.plan(np.zeros((96 * 96, 96))[:, 0])
+    assert send_method(dense, profile=strided)[0] == "pack"
+    assert send_method(sparse, profile=strided)[0] == "datatype"
+    for bad in ([[8, 65536, 2e-4]], [[8, 65536, 1e-4, 2e-4, 16, 3]], [[8, 65536, 1, 2, "x"]]):
+        doc["mpi_library"]["send_methods"]["table"] = bad
+        with pytest.raises(ProfileError, match=r"send_methods\.table"):
+            profile_from_json(doc)
 
 
 class _FakeDeviceArray:

@@ -195,16 +195,19 @@ def profile_from_json(doc: Any, name: str = "profile") -> Profile:
         raise ProfileError(f"{name}: mpi_library must be an object")
     for collective, entry in library.items():
         table = entry.get("table") if isinstance(entry, dict) else None
-        # [block, bytes, pack s, datatype s] and [block, bytes, device s, staged s]
+        # [block, bytes, pack s, datatype s(, stride)] and [block, bytes, device s, staged s]
         width = 4 if collective in ("send_methods", "device_send_methods") else 2
+        widths = (4, 5) if collective == "send_methods" else (width,)
         if not isinstance(table, list) or not all(
             isinstance(row, list)
-            and len(row) == width
+            and len(row) in widths
             and all(isinstance(v, (int, float)) for v in row)
             for row in table
         ):
             shape = (
-                "[[block, bytes, seconds, seconds], ...]"
+                "[[block, bytes, seconds, seconds(, stride)], ...]"
+                if collective == "send_methods"
+                else "[[block, bytes, seconds, seconds], ...]"
                 if width == 4
                 else "[[bytes, seconds], ...]"
             )
