@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     )
     from .collectives.cost.explain import explain
     from .halo import HaloExchange
-    from .p2p import irecv, isend, recv, send, sendrecv
+    from .p2p import irecv, isend, recv, recv_init, send, send_init, sendrecv
     from .runtime.comm import default_comm
     from .topology import Hierarchy
 
@@ -71,6 +71,8 @@ __all__ = [
     "isend",
     "irecv",
     "sendrecv",
+    "send_init",
+    "recv_init",
     "HaloExchange",
 ]
 
@@ -92,7 +94,9 @@ _LAZY = {
     "default_comm": "hpcpar.runtime.comm",
     "explain": "hpcpar.collectives.cost.explain",
     "HaloExchange": "hpcpar.halo",
-    **dict.fromkeys(("send", "recv", "isend", "irecv", "sendrecv"), "hpcpar.p2p"),
+    **dict.fromkeys(
+        ("send", "recv", "isend", "irecv", "sendrecv", "send_init", "recv_init"), "hpcpar.p2p"
+    ),
     **dict.fromkeys(
         (
             "allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall", "alltoallv",

@@ -318,10 +318,11 @@ def _send_variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> l
     """A round trip of ``view`` between ranks 2k and 2k+1 (a last odd rank waits).
 
     ``hpcpar-send`` sends the view (``method="auto"``), ``hpcpar-send-datatype`` the
-    whole array with ``datatype=dt``; the peers: ``mpi-datatype`` (``comm.Send`` and
-    ``Recv`` of ``[whole, 1, dt]``: the library walks the derived datatype) and
-    ``numpy+Send`` (``ascontiguousarray``, ``Send``; ``Recv`` into a new buffer, then
-    assigned into the view), as hand-written code would.
+    whole array with ``datatype=dt``, ``hpcpar-send-persistent`` the view through
+    ``send_init``/``recv_init`` (made once, started each trip); the peers:
+    ``mpi-datatype`` (``comm.Send`` and ``Recv`` of ``[whole, 1, dt]``: the library
+    walks the derived datatype) and ``numpy+Send`` (``ascontiguousarray``, ``Send``;
+    ``Recv`` into a new buffer, then assigned into the view), as hand-written code would.
     """
     import hpcpar
 
@@ -351,6 +352,15 @@ def _send_variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> l
         return trip(lambda: hpcpar.send(whole, partner, comm=comm, datatype=dt),
                     lambda: hpcpar.recv(back, partner, comm=comm, datatype=dt)), check  # fmt: skip
 
+    def persistent(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        if partner is None:
+            return (lambda: None), check
+        out = hpcpar.send_init(sent, partner, 1, comm=comm)
+        back_in = hpcpar.recv_init(into, partner, 1, comm=comm)
+        _PERSISTENT.extend((out, back_in))
+        return trip(lambda: (out.start(), out.wait()),
+                    lambda: (back_in.start(), back_in.wait())), check  # fmt: skip
+
     def library(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
         return trip(lambda: comm.Send([whole, 1, dt], partner),
                     lambda: comm.Recv([back, 1, dt], partner)), check  # fmt: skip
@@ -364,7 +374,11 @@ def _send_variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> l
         return trip(lambda: comm.Send(np.ascontiguousarray(sent), partner), recv), check
 
     return [Variant("hpcpar-send", ours), Variant("hpcpar-send-datatype", ours_typed),
-            Variant("mpi-datatype", library), Variant("numpy+Send", handwritten)]  # fmt: skip
+            Variant("hpcpar-send-persistent", persistent), Variant("mpi-datatype", library),
+            Variant("numpy+Send", handwritten)]  # fmt: skip
+
+
+_PERSISTENT: list[Any] = []  # the persistent requests a send case made, freed after it
 
 
 def _case(
@@ -432,6 +446,8 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
             results += _case(comm, args, say, (title, f"send: {name}"), variants,
                              dt.Get_size(), "mpi-datatype")  # fmt: skip
             dt.Free()
+            while _PERSISTENT:
+                _PERSISTENT.pop().free()
     return [Row(r) for r in results]
 
 

@@ -145,7 +145,8 @@ def test_datatypes_benchmark_end_to_end(comm, tmp_path, capsys):
         sends = {c for c in cases if c.startswith("send: ")}  # round trips, byte-checked
         assert len(sends) == (7 if comm.Get_size() > 1 else 0)
         assert {r["variant"] for r in rows if r["case"] in sends} == (
-            {"hpcpar-send", "hpcpar-send-datatype", "mpi-datatype", "numpy+Send"}
+            {"hpcpar-send", "hpcpar-send-datatype", "hpcpar-send-persistent", "mpi-datatype"}
+            | {"numpy+Send"}
             if sends
             else set()
         )

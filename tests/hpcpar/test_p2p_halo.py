@@ -200,6 +200,74 @@ def test_zero_copy_datatype_method_interoperates_with_packing(comm, send_method,
     assert_all(bool(ok), f"{send_method} -> {recv_method}", comm)
 
 
+@pytest.mark.parametrize("method", ["auto", "pack", "datatype"])
+def test_persistent_sends_and_receives_repeat_with_new_values(comm, method):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    grid = np.zeros((7, 9))
+    got = np.full((7, 9), -1.0)
+    area, into = np.zeros(20), np.full(21, -1.0)
+    whole, landing = np.zeros(12), np.full(12, -1.0)
+    vec = MPI.DOUBLE.Create_vector(3, 2, 5).Commit()
+    sends = [
+        hpcpar.send_init(grid[1::2, ::-3], right, tag=11, comm=comm, method=method),
+        hpcpar.send_init(area, right, tag=12, comm=comm, datatype=vec, method=method),
+        hpcpar.send_init(whole, right, tag=13, comm=comm),  # contiguous: as it is
+    ]
+    recvs = [
+        hpcpar.recv_init(got[1::2, 5:8], left, tag=11, comm=comm, method=method),
+        hpcpar.recv_init(into, left, tag=12, comm=comm, datatype=vec, method=method),
+        hpcpar.recv_init(landing, left, tag=13, comm=comm),
+    ]
+    assert (got == -1).all() and (into == -1).all()  # making them wrote nothing
+    ok = True
+    for step in range(3):  # new values each step: each start sends what is there now
+        grid[...] = np.arange(63.0).reshape(7, 9) + 100 * rank + 1000 * step
+        area[...] = np.arange(20.0) + 100 * rank + 1000 * step
+        whole[...] = np.arange(12.0) - 100 * rank - 1000 * step
+        for r in recvs:
+            r.start()
+        for q in sends:
+            q.start()
+        for q in [*sends, *recvs]:
+            q.wait()
+        want = np.full((7, 9), -1.0)
+        want[1::2, 5:8] = (np.arange(63.0).reshape(7, 9) + 100 * left + 1000 * step)[1::2, ::-3]
+        ok &= np.array_equal(got, want)
+        want_into = np.full(21, -1.0)
+        for b in range(3):
+            want_into[5 * b : 5 * b + 2] = np.arange(5 * b, 5 * b + 2) + 100 * left + 1000 * step
+        ok &= np.array_equal(into, want_into)
+        ok &= np.array_equal(landing, np.arange(12.0) - 100 * left - 1000 * step)
+    for q in [*sends, *recvs]:
+        q.free()
+    with hpcpar.send_init(grid[:, 0], MPI.PROC_NULL, comm=comm) as q:  # to nobody
+        q.start()
+        q.wait()
+    frozen = np.zeros(20)
+    frozen.flags.writeable = False
+    with pytest.raises(DatatypeError, match="read-only"):
+        hpcpar.recv_init(frozen, left, comm=comm, datatype=vec, method=method)
+    with pytest.raises(DatatypeError, match="reach bytes"):
+        hpcpar.recv_init(np.zeros(4), left, comm=comm, datatype=vec, method=method)
+    with pytest.raises(DatatypeError, match="reach bytes"):
+        hpcpar.send_init(np.zeros(4), right, comm=comm, datatype=vec, method=method)
+    vec.Free()
+    assert_all(bool(ok), f"persistent {method}", comm)
+
+
+def test_persistent_receive_refuses_a_longer_message(comm):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    r = hpcpar.recv_init(np.zeros((6, 4))[:, 0], left, tag=21, comm=comm, method="pack")
+    r.start()
+    req = hpcpar.isend(np.zeros(10), right, tag=21, comm=comm)
+    with pytest.raises(DatatypeError, match="longer than the 48 bytes expected"):
+        r.wait()
+    req.wait()
+    r.free()
+
+
 def test_explain_send_and_bad_method(comm):
     from hpcpar.datatypes.choose import explain_send
 
