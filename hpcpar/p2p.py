@@ -398,15 +398,23 @@ class PersistentRequest:
         self._request, self._before, self._after = request, before, after
         self._expected, self._keep = expected, keep
         self._status = MPI.Status()
+        self._started = False
 
     def start(self) -> None:
         """Start the step's message (a send packs its array first)."""
         if self._before is not None:
             self._before()
         self._request.Start()
+        self._started = True
 
     def wait(self) -> None:
-        """Complete the step's message (a receive then unpacks into its array)."""
+        """Complete the step's message (a receive then unpacks into its array).
+
+        Without a ``start`` since the last ``wait`` it returns at once, as MPI's does.
+        """
+        if not self._started:
+            return
+        self._started = False
         if self._expected is None:
             self._request.Wait()
             return

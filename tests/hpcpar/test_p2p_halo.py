@@ -240,7 +240,9 @@ def test_persistent_sends_and_receives_repeat_with_new_values(comm, method):
         ok &= np.array_equal(into, want_into)
         ok &= np.array_equal(landing, np.arange(12.0) - 100 * left - 1000 * step)
     for q in [*sends, *recvs]:
+        q.wait()  # not started again: returns at once, nothing unpacked
         q.free()
+    ok &= np.array_equal(landing, np.arange(12.0) - 100 * left - 2000)
     with hpcpar.send_init(grid[:, 0], MPI.PROC_NULL, comm=comm) as q:  # to nobody
         q.start()
         q.wait()
