@@ -1,8 +1,12 @@
 """Point-to-point on any layout: non-contiguous numpy views and MPI datatypes.
 
-Contiguous arrays go to MPI as they are. Anything else is packed with its plan into a
-contiguous buffer first (and unpacked on arrival): mpi4py refuses non-contiguous views
-outright, and the numpy packer runs at memory speed. GPU arrays (cupy, or anything with
+Contiguous arrays go to MPI as they are (mpi4py refuses non-contiguous views outright).
+Anything else goes one of two ways (``method``; ``datatypes.choose.send_method`` picks
+from the measured table): packed with its plan into a contiguous buffer (and unpacked
+on arrival), or zero copy as hpcpar's own MPI datatype of the layout, made once per
+layout and built the way the MPI library walks fastest (``Plan.to_mpi``), also in
+place of a caller's datatype. ``send_init``/``recv_init`` do all of that once and
+leave each step the copy and MPI's persistent request. GPU arrays (cupy, or anything with
 the CUDA array interface; any layout) travel through host memory, packed on the device
 or staged by a 2D copy (``method``; see ``datatypes.choose``). With ``comm=None`` the
 messages use hpcpar's own communicator, so both sides must use hpcpar; pass a
