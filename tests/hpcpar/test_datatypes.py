@@ -326,6 +326,29 @@ def test_describe_and_to_mpi():
     dt.Free()
 
 
+@pytest.mark.parametrize("offset", [0, 1, 2, 4])  # aligned for words, or only for bytes
+@pytest.mark.parametrize("dtype", ["u1", "u2", "u4"])
+def test_large_views_of_small_elements_move_as_words_exactly(offset, dtype):
+    from hpcpar.datatypes.kernels import WIDEN_BYTES, copy_op
+
+    raw = np.random.default_rng(offset).integers(0, 255, 64 * 1024 + 8, dtype=np.uint8)
+    base = raw[offset : offset + 64 * 1024].view(dtype)
+    view = base.reshape(256, -1)[:, : 64 // base.itemsize]  # rows of 64 bytes, 256 apart
+    assert view.nbytes >= WIDEN_BYTES
+    p = datatypes.plan(view)
+    packed = p.pack(view)
+    assert packed.tobytes() == np.ascontiguousarray(view).tobytes()
+    back = np.zeros_like(base)
+    target = back.reshape(256, -1)[:, : 64 // base.itemsize]
+    p.unpack(packed, target)
+    assert (
+        np.array_equal(target, view) and not back.reshape(256, -1)[:, 64 // base.itemsize :].any()
+    )
+    _, _, src = copy_op(np.empty(view.shape, view.dtype), view)
+    aligned_for = next(w for w in (8, 4, 2, 1) if (raw.ctypes.data + offset) % w == 0)
+    assert src.dtype.itemsize == max(aligned_for, base.itemsize)  # the widest word allowed
+
+
 @pytest.mark.parametrize(
     "slicer",
     [
