@@ -74,7 +74,7 @@ class HaloExchange:
         largest = max((move[4].nbytes for step in self._steps for move in step), default=0)
         sending, landing = np.empty(largest, np.uint8), np.empty(largest, np.uint8)
         self._host_steps = [
-            [(*move[:4], _shaped(sending, move[4]), _shaped(landing, move[5]), move[6])
+            [(*move[:4], _shaped(sending, move[4]), _shaped(landing, move[4]), move[5])
              for move in step]
             for step in self._steps
         ]  # fmt: skip
@@ -96,10 +96,10 @@ class HaloExchange:
             send_at, recv_at = self._region(d, side, False), self._region(d, -side, True)
             face = plan(template[send_at])  # a face's plan: its bytes, in pack order
             shape = template[send_at].shape
-            outgoing = np.empty(face.size, np.uint8).view(self.dtype).reshape(shape)
+            # where a GPU array's face lands in host memory (host arrays share one pair)
             incoming = np.empty(face.size, np.uint8).view(self.dtype).reshape(shape)
             ways = (self._way(template, send_at, face), self._way(template, recv_at, face))
-            moves.append((send_at, recv_at, towards, away, outgoing, incoming, ways))
+            moves.append((send_at, recv_at, towards, away, incoming, ways))
         return moves
 
     @staticmethod
@@ -162,7 +162,7 @@ class HaloExchange:
         for tag, (move, method) in enumerate(
             zip(moves, self._device_methods[strides], strict=True)
         ):
-            send_at, recv_at, to, frm, _, incoming, _ = move
+            send_at, recv_at, to, frm, incoming, _ = move
             face = a[send_at]
             outgoing = device_to_host(face, method) if to != MPI.PROC_NULL else incoming
             self.comm.Sendrecv(outgoing, to, tag, incoming, frm, tag)

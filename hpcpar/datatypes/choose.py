@@ -20,6 +20,7 @@ without one, a layout one 2D copy can move is staged and any other takes the ker
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from ..collectives.cost.profile import active_profile
@@ -31,18 +32,23 @@ __all__ = ["send_method", "device_send_method", "explain_send", "typical_block"]
 SMALL_MESSAGE_BYTES = 4096  # without a measured table, messages this small go as datatypes
 
 
-def typical_block(p: Plan) -> int:
-    """The plan's block size, weighted by the bytes each block carries."""
+def _weighted(p: Plan, value: Callable[[Strided], float]) -> float | None:
+    """``value`` of the plan's strided blocks, weighted by the bytes each carries."""
     total, weighted = 0, 0.0
     stack = list(p.items)
     while stack:
         item = stack.pop()
         if isinstance(item, Strided):
             total += item.nbytes
-            weighted += item.nbytes * item.size
+            weighted += item.nbytes * value(item)
         else:
             stack.extend(item.body)
-    return int(weighted / total) if total else 0
+    return weighted / total if total else None
+
+
+def typical_block(p: Plan) -> int:
+    """The plan's block size, weighted by the bytes each block carries."""
+    return int(_weighted(p, lambda item: item.size) or 0)
 
 
 def typical_spread(p: Plan) -> float:
@@ -50,17 +56,13 @@ def typical_spread(p: Plan) -> float:
 
     The innermost stride of each strided block over its size; a single block counts 1.
     """
-    total, weighted = 0, 0.0
-    stack = list(p.items)
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Strided):
-            spread = abs(item.strides[-1]) / item.size if item.counts and item.size else 1.0
-            total += item.nbytes
-            weighted += item.nbytes * max(spread, 1.0)
-        else:
-            stack.extend(item.body)
-    return weighted / total if total else 1.0
+
+    def spread(item: Strided) -> float:
+        if not (item.counts and item.size):
+            return 1.0
+        return max(abs(item.strides[-1]) / item.size, 1.0)
+
+    return _weighted(p, spread) or 1.0
 
 
 def _table(profile: Any, key: str = "send_methods") -> list[list[float]]:
@@ -103,8 +105,8 @@ def send_method(p: Plan, count: int = 1, profile: Any = None) -> tuple[str, str]
     known = p._memo.get(("send method", count))
     if known is not None and known[0] is active:
         return known[1]
-    row = _nearest(_table(active), typical_block(p), p.size * count, typical_spread(p))
     nbytes = p.size * count
+    row = _nearest(_table(active), typical_block(p), nbytes, typical_spread(p))
     if (
         count == 1
         and len(p.items) == 1
@@ -123,7 +125,7 @@ def send_method(p: Plan, count: int = 1, profile: Any = None) -> tuple[str, str]
     elif row is None:
         chosen = "pack", "no measured send table (hpcpar calibrate records one): pack"
     else:
-        chosen = _choice(row, ("pack", "datatype"), (row[2], row[3]), p.size * count)
+        chosen = _choice(row, ("pack", "datatype"), (row[2], row[3]), nbytes)
     p._memo[("send method", count)] = (active, chosen)
     return chosen
 
