@@ -17,12 +17,30 @@ from mpi4py import MPI
 from .decode import decode_layout
 from .errors import DatatypeError
 from .ir import Item, Repeat, Strided, canonical, packed_size, replicate, span
-from .kernels import copy_kernels, copy_op, flatten, replay, run_copies
+from .kernels import WIDEN_BYTES, copy_kernels, copy_op, flatten, replay, run_copies
 
 __all__ = ["Plan", "plan"]
 
 _MAX_COUNT = 1 << 40
 _BYTE = np.dtype(np.uint8)
+
+
+_NOTHING = object()
+_FORGOTTEN = (_NOTHING, _NOTHING, -1, -1, None, None)
+
+
+class _Last:
+    """A plan's last pack and unpack: (src or buf, out or dst, count, origin, copy, packed).
+
+    Attributes of a slotted object, not a dict: ``pack`` of the same buffers again reads
+    them in 0.1 us less, which is a third of a 64-byte pack.
+    """
+
+    __slots__ = ("pack", "unpack")
+
+    def __init__(self) -> None:
+        self.pack: tuple[Any, ...] = _FORGOTTEN
+        self.unpack: tuple[Any, ...] = _FORGOTTEN
 
 
 @dataclass(frozen=True)
@@ -47,7 +65,7 @@ class Plan:
     # ``plan()`` returns for the same layout
     _memo: dict[Any, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     # the buffers of this plan's last pack and unpack (``packer``), never shared
-    _last: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    _last: _Last = field(default_factory=_Last, compare=False, hash=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -104,11 +122,11 @@ class Plan:
             DatatypeError: bad count, ``src`` too small for the elements, ``out`` too
                 small or read-only.
         """
-        last = self._last.get("pack")
-        if last is not None and last[0] is src and last[1] is out and last[2] == (count, origin):
+        last_src, last_out, last_count, last_origin, again, packed = self._last.pack
+        if last_src is src and last_out is out and last_count == count and last_origin == origin:
             # the same buffers as the previous call: every check and copy still holds
-            last[3]()
-            return last[4]
+            again()
+            return packed
         if (
             out is None
             and self.view_shape is not None
@@ -133,7 +151,7 @@ class Plan:
             ops = copy_kernels(self._kernels(count), area, packed, origin, pack=True,
                                keys=(src, out))  # fmt: skip
         if out is not None:  # remember the buffers: a loop packing them again skips the checks
-            self._last["pack"] = (src, out, (count, origin), replay(ops), packed)
+            self._last.pack = (src, out, count, origin, replay(ops), packed)
         return packed
 
     def packer(self, src: Any, out: Any, *, count: int = 1, origin: int = 0) -> Any:
@@ -148,12 +166,12 @@ class Plan:
         if out is None:
             raise DatatypeError("packer needs an out buffer to pack into")
         self.pack(src, out, count=count, origin=origin)
-        return self._last["pack"][3]
+        return self._last.pack[4]
 
     def unpacker(self, buf: Any, dst: Any, *, count: int = 1, origin: int = 0) -> Any:
         """The persistent form of ``unpack`` (see ``packer``); holds ``buf`` and ``dst``."""
         self.unpack(buf, dst, count=count, origin=origin)
-        return self._last["unpack"][3]
+        return self._last.unpack[4]
 
     def unpack(self, buf: Any, dst: Any, *, count: int = 1, origin: int = 0) -> Any:
         """Scatter packed bytes into ``count`` elements of ``dst`` (the inverse of ``pack``).
@@ -166,16 +184,16 @@ class Plan:
 
     def _unpack(self, buf: Any, dst: Any, count: int, origin: int, remember: bool) -> Any:
         """``unpack``; ``remember=False`` for a buffer used once (a message received)."""
-        last = self._last.get("unpack")
+        last_buf, last_dst, last_count, last_origin, again, _ = self._last.unpack
         if (
-            last is not None
-            and last[0] is buf
-            and last[1] is dst
-            and last[2] == (count, origin)
+            last_buf is buf
+            and last_dst is dst
+            and last_count == count
+            and last_origin == origin
             and (type(dst) is not np.ndarray or dst.flags.writeable)  # may have been cleared
         ):
             # the same buffers as the previous call: every check and copy still holds
-            last[3]()
+            again()
             return dst
         self._check(count)
         need = self.size * count
@@ -199,7 +217,7 @@ class Plan:
             ops = copy_kernels(self._kernels(count), area, packed[:need], origin, pack=False,
                                keys=(dst, buf) if remember else None)  # fmt: skip
         if remember:
-            self._last["unpack"] = (buf, dst, (count, origin), replay(ops))
+            self._last.unpack = (buf, dst, count, origin, replay(ops), None)
         return dst
 
     def _bounds(self, area: np.ndarray, origin: int, count: int, name: str) -> None:
@@ -381,7 +399,11 @@ def _same_view(p: Plan, arr: np.ndarray) -> None:
 
 def _pack_view_anew(p: Plan, src: np.ndarray) -> np.ndarray:
     """``pack(src)`` of a view plan into a new buffer (what ``hpcpar.send`` does)."""
-    _same_view(p, src)
+    if src.dtype is not p.view_dtype or src.shape != p.view_shape:
+        _same_view(p, src)
+    if src.nbytes < WIDEN_BYTES:  # small: numpy's own copy costs less than choosing one
+        # (reshape and view cost 0.15 us each, a third of the time)
+        return src.copy().view(_BYTE) if src.ndim == 1 else np.frombuffer(src.copy(), _BYTE)
     typed = np.empty(src.shape, src.dtype)
     copy, dst, source = copy_op(typed, src)
     copy(dst, source)
@@ -499,7 +521,7 @@ def _fresh(known: Plan) -> Plan:
     """A new plan of ``known``'s layout: its derived kernels shared, no buffers remembered."""
     fresh = object.__new__(Plan)  # a frozen dataclass's __init__ costs 1 us; this 0.2
     fresh.__dict__.update(known.__dict__)
-    fresh.__dict__["_last"] = {}
+    fresh.__dict__["_last"] = _Last()
     return fresh
 
 

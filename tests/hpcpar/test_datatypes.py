@@ -329,7 +329,7 @@ def test_describe_and_to_mpi():
 @pytest.mark.parametrize("offset", [0, 1, 2, 4])  # aligned for words, or only for bytes
 @pytest.mark.parametrize("dtype", ["u1", "u2", "u4"])
 def test_large_views_of_small_elements_move_as_words_exactly(offset, dtype):
-    from hpcpar.datatypes.kernels import WIDEN_BYTES, copy_op
+    from hpcpar.datatypes.kernels import WIDEN_BYTES, _widest, copy_op
 
     raw = np.random.default_rng(offset).integers(0, 255, 64 * 1024 + 8, dtype=np.uint8)
     base = raw[offset : offset + 64 * 1024].view(dtype)
@@ -345,6 +345,8 @@ def test_large_views_of_small_elements_move_as_words_exactly(offset, dtype):
         np.array_equal(target, view) and not back.reshape(256, -1)[:, 64 // base.itemsize :].any()
     )
     _, _, src = copy_op(np.empty(view.shape, view.dtype), view)
+    assert src.dtype.kind == "V" and src.shape == (256,)  # numpy's copy: whole 64 B rows
+    _, src = _widest(np.empty(view.shape, view.dtype), view)  # compiled loops: words
     aligned_for = next(w for w in (8, 4, 2, 1) if (raw.ctypes.data + offset) % w == 0)
     assert src.dtype.itemsize == max(aligned_for, base.itemsize)  # the widest word allowed
 
