@@ -208,7 +208,11 @@ def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarr
     while dst.ndim > 1 and dst.shape[-1] == 1:  # single words: a 1-D strided copy
         dst, src = dst[..., 0], src[..., 0]
     nbytes, item = dst.nbytes, dst.dtype.itemsize
-    if nbytes >= COMPILED_BYTES and item in _WORDS and dst.ndim >= 1:
+    sparse = _sparse_words(dst, src) if item in _WORDS and dst.size >= AHEAD_WORDS else None
+    if sparse is not None and nbytes < _streaming_from():
+        word = _WORDS[item]
+        dst, src, copy = dst.view(word), src.view(word), sparse
+    elif nbytes >= COMPILED_BYTES and item in _WORDS and dst.ndim >= 1:
         row = dst.shape[-1] * item if dst.ndim > 1 else item  # 1-D: single words apart
         run = row if dst.strides[-1] == item else item  # bytes dst takes at a time
         if dst.flags.c_contiguous:
@@ -247,6 +251,31 @@ def _widest(dst: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             if wide_dst.flags.aligned and wide_src.flags.aligned:
                 return wide_dst, wide_src
     return dst, src
+
+
+def _sparse_words(dst: np.ndarray, src: np.ndarray) -> Any:
+    """The look-ahead loop (``loops.ahead``) for single words a cache line or more apart.
+
+    Loads ahead on the sparse side: ``src`` when packing, ``dst`` when unpacking. None
+    for copies in more than two dimensions, where neither side is sparse, or without numba.
+    """
+    if dst.ndim > 2 or dst.ndim == 0:
+        return None
+    if abs(src.strides[-1]) >= _LINE:
+        gather = True
+    elif abs(dst.strides[-1]) >= _LINE:
+        gather = False
+    else:
+        return None
+    key = ("ahead", dst.ndim, gather)
+    if key not in _loops:
+        try:
+            from .loops import ahead
+        except ImportError:
+            _loops[key] = None
+        else:
+            _loops[key] = ahead(dst.ndim, gather)
+    return _loops[key]
 
 
 def _as_rows(dst: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -340,7 +369,14 @@ def _streaming_from() -> int:
 
 PARALLEL_BYTES = 4 << 20  # copies this large are split across threads (all drop the GIL)
 _pool: list[Any] = []
-_loops: dict[tuple[int, bool], Any] = {}
+_loops: dict[tuple[Any, ...], Any] = {}
+# Single words a cache line or more apart, this many and more, take the look-ahead loop
+# (``loops.ahead``); fewer lines than this mostly stay in the L2 cache, where it gains
+# nothing (z face of a 64^3 block, 4,096 lines: pack 11.7 us against 12.1-12.8 with
+# numpy, unpack 16.8 against 15.8; of a 96^3 block, 9,216: 33.5 against 44.2, 39.4
+# against 45.7)
+AHEAD_WORDS = 8192
+_LINE = 64
 
 
 def _compiled(ndim: int, streaming: bool) -> Any:

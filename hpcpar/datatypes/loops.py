@@ -11,10 +11,17 @@ the cache: on copies larger than the cache this moves a third less memory traffi
 (interior of a 128^3 float64 block, 16 MB: 21-23 GB/s over two threads against
 15-18 with ordinary stores). On copies that fit in the cache it is slower, since
 the next reader has to fetch the data from memory; ``kernels.copy_op`` decides.
+
+The look-ahead loops copy single words that each lie in a cache line of their own (the
+z face of a 3-D block): each step also loads the word ``AHEAD`` steps later on the
+sparse side, so more of those lines are on their way at once than the core's own
+reordering reaches (z face of a 128^3 block, 16,384 lines: 104-106 us against 116-120
+for numpy's copy and 113-115 for MPICH's Pack; of a 96^3 block 28-35 against 34-45).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from llvmlite import ir
@@ -22,7 +29,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["loop"]
+__all__ = ["AHEAD", "ahead", "loop"]
 
 
 @intrinsic
@@ -120,6 +127,75 @@ def _stream4(dst: Any, src: Any) -> None:
                 for m in range(dst.shape[3]):
                     _store_streaming(dst, (i, j, k, m), src[i, j, k, m])
     _fence()
+
+
+AHEAD = 32  # words looked ahead (8 and 16 gain less on a 96^3 block's z face, 64 loses)
+
+
+# The distance is an argument, not the constant: compiled with it known, the 1-D loop
+# ran 10% slower (z face of a 128^3 block: 113.9 us against 104.2).
+
+
+@_JIT
+def _ahead1(dst: Any, src: Any, look: Any, ahead: int) -> Any:
+    n = dst.shape[0]
+    seen = 0  # returned, so that the loads ahead are not optimised away
+    for i in range(max(0, n - ahead)):
+        seen |= look[i + ahead]
+        dst[i] = src[i]
+    for i in range(max(0, n - ahead), n):
+        dst[i] = src[i]
+    return seen
+
+
+@_JIT
+def _gather1(dst: Any, src: Any, ahead: int) -> Any:
+    return _ahead1(dst, src, src, ahead)
+
+
+@_JIT
+def _scatter1(dst: Any, src: Any, ahead: int) -> Any:
+    return _ahead1(dst, src, dst, ahead)
+
+
+@_JIT
+def _ahead2(dst: Any, src: Any, look: Any, ahead: int) -> Any:
+    rows, columns = dst.shape
+    seen = 0
+    ahead_row, ahead_column = divmod(ahead, columns)  # where the load ahead is
+    for i in range(rows):
+        for j in range(columns):
+            if ahead_row < rows:
+                seen |= look[ahead_row, ahead_column]
+                ahead_column += 1
+                if ahead_column == columns:
+                    ahead_column = 0
+                    ahead_row += 1
+            dst[i, j] = src[i, j]
+    return seen
+
+
+@_JIT
+def _gather2(dst: Any, src: Any, ahead: int) -> Any:
+    return _ahead2(dst, src, src, ahead)
+
+
+@_JIT
+def _scatter2(dst: Any, src: Any, ahead: int) -> Any:
+    return _ahead2(dst, src, dst, ahead)
+
+
+_AHEAD_LOOPS = {(1, True): _gather1, (1, False): _scatter1, (2, True): _gather2,
+                (2, False): _scatter2}  # fmt: skip
+
+
+def ahead(ndim: int, gather: bool) -> Any:
+    """The look-ahead ``copy(dst, src)`` for ``ndim`` (1 or 2) dimensions, or None.
+
+    It loads ahead in ``src`` (gather, packing) or in ``dst`` (scatter, unpacking).
+    """
+    found = _AHEAD_LOOPS.get((ndim, gather))
+    return None if found is None else functools.partial(found, ahead=AHEAD)
 
 
 _LOOPS = {

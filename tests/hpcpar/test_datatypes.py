@@ -326,6 +326,38 @@ def test_describe_and_to_mpi():
     dt.Free()
 
 
+@pytest.mark.parametrize(
+    "shape, step",
+    [
+        ((8192 + 5,), (9,)),  # 1-D, words 72 B apart
+        ((8200,), (-16,)),  # negative stride
+        ((3, 5000), (7, 9)),  # rows longer than the look-ahead
+        ((300, 31), (2, 8)),  # rows shorter than it: the load ahead wraps to later rows
+        ((8193, 1), (8, 1)),  # a trailing single column
+    ],
+)
+@pytest.mark.parametrize("dtype", ["f8", "u4"])
+def test_sparse_words_pack_and_unpack_exactly_with_the_look_ahead_loop(shape, step, dtype):
+    from hpcpar.datatypes.kernels import AHEAD_WORDS, copy_op
+
+    sizes = [abs(k) * n for k, n in zip(step, shape, strict=True)]
+    base = np.random.default_rng(len(shape)).random((*sizes, 2)).astype(dtype)
+    where = (*(slice(None, None, k) for k in step), 0)
+    view = base[where]
+    assert view.shape == shape and view.size >= AHEAD_WORDS
+    copy, _, _ = copy_op(np.empty(view.shape, view.dtype), view)
+    assert "ahead" in repr(copy)  # one word a cache line: the look-ahead loop packs it
+    p = datatypes.plan(view)
+    packed = p.pack(view)
+    assert packed.tobytes() == np.ascontiguousarray(view).tobytes()
+    back = np.zeros_like(base)
+    target = back[where]
+    p.unpack(packed, target)
+    assert np.array_equal(target, view)
+    target[...] = 0
+    assert not back.any()  # nothing written outside the view
+
+
 @pytest.mark.parametrize("offset", [0, 1, 2, 4])  # aligned for words, or only for bytes
 @pytest.mark.parametrize("dtype", ["u1", "u2", "u4"])
 def test_large_views_of_small_elements_move_as_words_exactly(offset, dtype):
