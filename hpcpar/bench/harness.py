@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 import re
 import statistics
 import time
@@ -135,6 +136,14 @@ def _iterations(comm: Any, op: Callable[[], Any], min_time: float, max_iteration
     return max(1, min(max_iterations, math.ceil(min_time / max(slowest, 1e-9))))
 
 
+def _order(count: int, repeat: int) -> list[int]:
+    """``0 .. count-1``: in order for the first repeat, then shuffled (seeded by ``repeat``)."""
+    order = list(range(count))
+    if repeat:
+        random.Random(repeat).shuffle(order)
+    return order
+
+
 def _max_op() -> Any:
     from mpi4py import MPI
 
@@ -222,8 +231,12 @@ def sweep(
                 op()
         iterations = [_iterations(comm, op, min_time, max_iterations) for _, op, _ in ops]
         per_repeat: list[list[tuple[float, float, float]]] = [[] for _ in ops]
-        for _ in range(repeats):
-            for i, (_, op, _) in enumerate(ops):
+        for repeat in range(repeats):
+            # each repeat runs the variants in another order (the same on every rank),
+            # so that no variant always runs after the same one: it would always pay
+            # for what that one left in the cache
+            for i in _order(len(ops), repeat):
+                op = ops[i][1]
                 comm.Barrier()
                 times = comm.allgather(_time_loop(op, iterations[i]))
                 per_repeat[i].append((statistics.fmean(times), min(times), max(times)))
