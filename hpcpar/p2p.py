@@ -26,8 +26,7 @@ from .collectives.buffers import is_device_array
 from .datatypes import DatatypeError, plan
 from .datatypes.choose import send_method
 from .datatypes.ir import shift
-from .datatypes.kernels import copy_op
-from .datatypes.plan import Plan, _bytes_of, shared_plan
+from .datatypes.plan import Plan, _bytes_of, shared_plan, unpack_view_once
 from .runtime.comm import resolve_comm
 
 __all__ = [
@@ -212,8 +211,7 @@ class _Incoming:
             else:
                 gpu.host_to_device(self.buffer, self.obj, self.device)
         elif self.typed is not None:  # a view: one copy from its own type, nothing to check
-            copy, dst, src = copy_op(self.obj, self.typed)
-            copy(dst, src)
+            unpack_view_once(self.plan, self.typed, self.obj)
         elif self.plan is not None:
             self.plan._unpack(self.buffer, self.obj, self.count, 0, remember=False)
         return self.obj

@@ -133,7 +133,8 @@ def copy_kernels(
         flat = packed[k.dst : k.dst + k.size]
         ops = [(np.copyto, flat, user) if pack else (np.copyto, user, flat)]
     else:
-        ops = [copy_op(flat, user) if pack else copy_op(user, flat)
+        once = keys is None  # buffers used once: nothing is replayed
+        ops = [copy_op(flat, user, once=once) if pack else copy_op(user, flat, once=once)
                for user, flat in _views(kernels, unpacked, packed, origin, keys)]  # fmt: skip
     run_copies(ops)
     return ops
@@ -171,8 +172,14 @@ def replay(ops: list[tuple[Any, np.ndarray, np.ndarray]]) -> Any:
     return functools.partial(copy, dst, src)
 
 
-def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray]:
+def copy_op(
+    dst: np.ndarray, src: np.ndarray, *, once: bool = False
+) -> tuple[Any, np.ndarray, np.ndarray]:
     """How to copy ``src`` into ``dst`` (same shape): ``(copy, dst', src')``.
+
+    ``once``: the copy runs once (a new buffer), so choosing it must cost little: rows
+    move as void elements (``_as_rows``) only where that saves more than the 0.8 us it
+    takes to build those views.
 
     Three copies, chosen by what was measured on this project's 2-core VM (32 MiB L3;
     GB/s of standalone loops, session 8 of BENCHMARKS.md):
@@ -226,7 +233,8 @@ def copy_op(dst: np.ndarray, src: np.ndarray) -> tuple[Any, np.ndarray, np.ndarr
         if loop is not None:
             word = _WORDS[item]
             dst, src, copy = dst.view(word), src.view(word), loop
-    if copy is np.copyto and nbytes < COMPILED_BYTES:
+    worth_rows = not once or (nbytes >= ONCE_ROWS_BYTES and dst.shape[-1] * item < SHORT_ROW_BYTES)
+    if copy is np.copyto and nbytes < COMPILED_BYTES and worth_rows:
         dst, src = _as_rows(dst, src)
     if nbytes >= PARALLEL_BYTES and dst.ndim >= 1 and dst.shape[0] >= 2 and _threads() > 1:
         return functools.partial(_parallel_copy, copy=copy), dst, src
@@ -376,6 +384,10 @@ _loops: dict[tuple[Any, ...], Any] = {}
 # numpy, unpack 16.8 against 15.8; of a 96^3 block, 9,216: 33.5 against 44.2, 39.4
 # against 45.7)
 AHEAD_WORDS = 8192
+# A copy made once moves rows shorter than SHORT_ROW_BYTES as void elements from this
+# size (64 B rows: 32 KiB 2.28 us against 1.50, so building the views pays; 1 KiB rows
+# of a 96^3 block's y face save 0.2 us of 2.2 and the views cost 0.8)
+ONCE_ROWS_BYTES = 32 << 10
 _LINE = 64
 
 

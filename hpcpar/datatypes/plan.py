@@ -208,7 +208,7 @@ class Plan:
             and count == 1
             and isinstance(dst, np.ndarray)
         ):
-            ops = _unpack_view(self, packed, dst)
+            ops = _unpack_view(self, packed, dst, once=not remember)
         else:
             area = _bytes_of(dst, "dst", writable=True)
             if np.may_share_memory(area, packed) and np.shares_memory(area, packed):
@@ -401,13 +401,27 @@ def _pack_view_anew(p: Plan, src: np.ndarray) -> np.ndarray:
     """``pack(src)`` of a view plan into a new buffer (what ``hpcpar.send`` does)."""
     if src.dtype is not p.view_dtype or src.shape != p.view_shape:
         _same_view(p, src)
-    if src.nbytes < WIDEN_BYTES:  # small: numpy's own copy costs less than choosing one
-        # (reshape and view cost 0.15 us each, a third of the time)
+    if src.nbytes < WIDEN_BYTES or p._memo.get(("plain", src.strides)):
+        # numpy's own copy: small, or where ``copy_op`` chose it for these strides before
+        # (choosing again costs 0.5 us; reshape and view 0.15 each)
         return src.copy().view(_BYTE) if src.ndim == 1 else np.frombuffer(src.copy(), _BYTE)
     typed = np.empty(src.shape, src.dtype)
-    copy, dst, source = copy_op(typed, src)
+    copy, dst, source = copy_op(typed, src, once=True)
     copy(dst, source)
+    if src.dtype.itemsize >= 8:  # (narrower elements: the choice depends on alignment)
+        p._memo["plain", src.strides] = copy is np.copyto and dst is typed and source is src
     return typed.reshape(-1).view(np.uint8)
+
+
+def unpack_view_once(p: Plan, typed: np.ndarray, dst: np.ndarray) -> None:
+    """Copy ``typed`` (contiguous, the view's shape and dtype) into the view ``dst``."""
+    if p._memo.get(("plain", dst.strides)):
+        dst[...] = typed
+        return
+    copy, to, source = copy_op(dst, typed, once=True)
+    copy(to, source)
+    if dst.dtype.itemsize >= 8:
+        p._memo["plain", dst.strides] = copy is np.copyto and to is dst and source is typed
 
 
 def _pack_view(p: Plan, src: np.ndarray, packed: np.ndarray) -> list[Any]:
@@ -417,14 +431,14 @@ def _pack_view(p: Plan, src: np.ndarray, packed: np.ndarray) -> list[Any]:
     return ops
 
 
-def _unpack_view(p: Plan, packed: np.ndarray, dst: np.ndarray) -> list[Any]:
+def _unpack_view(p: Plan, packed: np.ndarray, dst: np.ndarray, once: bool) -> list[Any]:
     _same_view(p, dst)
     if not dst.flags.writeable:
         raise DatatypeError("dst is read-only")
     flat = packed[: p.size]
     if np.may_share_memory(dst, flat) and np.shares_memory(dst, flat):
         raise DatatypeError("dst and buf overlap; unpack into separate memory")
-    ops = [copy_op(dst, flat.view(dst.dtype).reshape(dst.shape))]
+    ops = [copy_op(dst, flat.view(dst.dtype).reshape(dst.shape), once=once)]
     run_copies(ops)
     return ops
 
