@@ -7,7 +7,10 @@ equivalent MPI datatype. Variants in the same run: ``hpcpar-pack`` (the plan int
 a preallocated buffer), ``hpcpar-packer`` (the same through ``Plan.packer``, the
 persistent form; ``hpcpar-unpacker`` likewise), ``mpi-pack`` (``MPI.Datatype.Pack``,
 the peer), ``numpy`` (``np.copyto`` of the view into a preallocated buffer, i.e.
-``ascontiguousarray`` without the allocation), and the unpack counterparts. Also: the
+``ascontiguousarray`` without the allocation), ``hpcpar-pack-new`` (``plan.pack(view)``
+into a new buffer) against ``numpy-ascontiguousarray`` (new buffers both; a contiguous
+view is copied with ``view.copy()``, as ``ascontiguousarray`` would return the view
+itself), and the unpack counterparts. Also: the
 machine's copy roof (``np.copyto`` on a 2 GiB working set, 1 and 2 threads) and, on
 more than one rank, a 3D halo exchange against hand-written pack + Sendrecv.
 
@@ -162,7 +165,17 @@ def _variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> list[V
                 lambda: typed.reshape(-1).view(np.uint8)
             )
 
-        variants.append(Variant("numpy", npy))
+        # into new buffers, as the peer ``np.ascontiguousarray`` does (which
+        # returns a contiguous view itself, no copy: then ``view.copy()``)
+        def new(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+            return (lambda: view_plan.pack(view)), checked(lambda: view_plan.pack(view))
+
+        def new_numpy(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+            fresh = view.copy if view.flags.c_contiguous else (lambda: np.ascontiguousarray(view))
+            return fresh, checked(lambda: fresh().reshape(-1).view(np.uint8))
+
+        variants += [Variant("numpy", npy), Variant("hpcpar-pack-new", new),
+                     Variant("numpy-ascontiguousarray", new_numpy)]  # fmt: skip
     packed = p.pack(base)
     scratch = np.zeros_like(base)
 

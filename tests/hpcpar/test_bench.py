@@ -136,6 +136,7 @@ def test_datatypes_benchmark_end_to_end(comm, tmp_path, capsys):
         sizes = {r["case"]: r["size"] for r in rows}
         assert sorted(sizes[c] for c in small) == [64, 2048, 2048]
         variants = {"hpcpar-pack", "hpcpar-packer", "mpi-pack", "numpy", "hpcpar-unpack"}
+        variants |= {"hpcpar-pack-new", "numpy-ascontiguousarray"}  # into new buffers
         assert {r["variant"] for r in rows if r["case"] in small} == {
             *variants,
             "hpcpar-unpacker",
