@@ -21,7 +21,6 @@ for numpy's copy and 113-115 for MPICH's Pack; of a 96^3 block 28-35 against 34-
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from llvmlite import ir
@@ -149,16 +148,6 @@ def _ahead1(dst: Any, src: Any, look: Any, ahead: int) -> Any:
 
 
 @_JIT
-def _gather1(dst: Any, src: Any, ahead: int) -> Any:
-    return _ahead1(dst, src, src, ahead)
-
-
-@_JIT
-def _scatter1(dst: Any, src: Any, ahead: int) -> Any:
-    return _ahead1(dst, src, dst, ahead)
-
-
-@_JIT
 def _ahead2(dst: Any, src: Any, look: Any, ahead: int) -> Any:
     rows, columns = dst.shape
     seen = 0
@@ -175,27 +164,19 @@ def _ahead2(dst: Any, src: Any, look: Any, ahead: int) -> Any:
     return seen
 
 
-@_JIT
-def _gather2(dst: Any, src: Any, ahead: int) -> Any:
-    return _ahead2(dst, src, src, ahead)
-
-
-@_JIT
-def _scatter2(dst: Any, src: Any, ahead: int) -> Any:
-    return _ahead2(dst, src, dst, ahead)
-
-
-_AHEAD_LOOPS = {(1, True): _gather1, (1, False): _scatter1, (2, True): _gather2,
-                (2, False): _scatter2}  # fmt: skip
-
-
 def ahead(ndim: int, gather: bool) -> Any:
     """The look-ahead ``copy(dst, src)`` for ``ndim`` (1 or 2) dimensions, or None.
 
     It loads ahead in ``src`` (gather, packing) or in ``dst`` (scatter, unpacking).
     """
-    found = _AHEAD_LOOPS.get((ndim, gather))
-    return None if found is None else functools.partial(found, ahead=AHEAD)
+    loop = {1: _ahead1, 2: _ahead2}.get(ndim)
+    if loop is None:
+        return None
+
+    def ahead_copy(dst: Any, src: Any) -> Any:
+        return loop(dst, src, src if gather else dst, AHEAD)
+
+    return ahead_copy
 
 
 _LOOPS = {
