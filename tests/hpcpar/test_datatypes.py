@@ -351,6 +351,7 @@ def test_a_view_plan_packs_and_unpacks_other_strides_of_its_shape_exactly_every_
         ((8200,), (-16,)),  # negative stride
         ((3, 5000), (7, 9)),  # rows longer than the look-ahead
         ((300, 31), (2, 8)),  # rows shorter than it: the load ahead wraps to later rows
+        ((900, 10), (2, 8)),  # rows shorter than the unpack's look-ahead too
         ((8193, 1), (8, 1)),  # a trailing single column
     ],
 )
