@@ -194,11 +194,14 @@ def copy_op(
     move as void elements (``_as_rows``) only where that saves more than the 0.8 us it
     takes to build those views.
 
-    Three copies, chosen by what was measured on this project's 2-core VM (32 MiB L3;
-    GB/s of standalone loops, session 8 of BENCHMARKS.md):
+    Four copies, chosen by what was measured on this project's 2-core VM (32 MiB L3;
+    GB/s of standalone loops, sessions 8 and 12 of BENCHMARKS.md):
 
-    - numpy's copy (memcpy per row): below ``COMPILED_BYTES``, and for rows of
+    - numpy's copy (memcpy per row): below ``COMPILED_BYTES`` (there with each
+      contiguous row as one void element, ``_as_rows``), and for rows of
       ``SHORT_ROW_BYTES`` and more while the copy fits in the cache;
+    - a compiled look-ahead loop (``loops.ahead``) for ``AHEAD_WORDS`` or more single
+      words a cache line or more apart on one side (z faces), below the streaming size;
     - a compiled loop with ordinary stores (``loops.py``) for shorter rows from
       ``COMPILED_BYTES``: numpy's per-row cost dominates there (64 B rows: 15 against
       9.5);
