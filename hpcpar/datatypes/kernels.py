@@ -226,6 +226,11 @@ def copy_op(
     sides are one contiguous block (memcpy), go to numpy.
     """
     copy: Any = np.copyto
+    if dst.dtype.fields is not None and dst.dtype == src.dtype and not dst.dtype.hasobject:
+        # records: their bytes as they are (numpy copies field by field and leaves the
+        # destination's padding as it was: uninitialised bytes in a new buffer)
+        record = _void(dst.dtype.itemsize)
+        dst, src = dst.view(record), src.view(record)
     if dst.dtype.itemsize < 8 and dst.nbytes >= WIDEN_BYTES:
         dst, src = _widest(dst, src)
     while dst.ndim > 1 and dst.shape[-1] == 1:  # single words: a 1-D strided copy

@@ -326,6 +326,27 @@ def test_describe_and_to_mpi():
     dt.Free()
 
 
+@pytest.mark.parametrize("shape", [(8,), (64, 64), (512, 512)])  # small, cached, large
+def test_views_of_padded_records_pack_their_bytes_padding_included(shape):
+    """numpy copies records field by field and leaves padding uninitialised; a pack
+    must carry the view's own bytes (deterministic, nothing from fresh memory)."""
+    record = np.dtype([("a", "i1"), ("b", "f8")], align=True)  # 7 bytes of padding
+    whole = np.random.default_rng(3).integers(0, 255, int(np.prod(shape)) * 16, dtype=np.uint8)
+    a = whole.view(record).reshape(shape)
+    where = (slice(None, None, 2),) + (slice(1, None, 3),) * (len(shape) - 1)
+    view = a[where]
+    raw = np.dtype((np.void, record.itemsize))
+    expected = np.ascontiguousarray(view.view(raw)).view(np.uint8).reshape(-1)
+    p = datatypes.plan(view)
+    for _ in range(2):  # the second time through what the first remembered
+        assert np.array_equal(p.pack(view), expected)
+        out = np.empty(p.size, np.uint8)
+        assert np.array_equal(p.pack(view, out=out), expected)
+    target = np.zeros_like(a)
+    p.unpack(expected, target[where])
+    assert target[where].view(raw).tobytes() == view.view(raw).tobytes()
+
+
 def test_a_view_plan_packs_and_unpacks_other_strides_of_its_shape_exactly_every_time():
     from hpcpar.datatypes.plan import unpack_view_once
 
