@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import HpcparError
-from ...runtime.env import getenv_fast
+from ...runtime.env import RAW_ENVIRON, getenv_fast
 
 __all__ = [
     "Level",
@@ -256,6 +256,7 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
 
 
 _active: dict[str, Profile | None] = {}
+_by_raw: dict[bytes, Profile | None] = {}  # the same, by the environment's encoded value
 
 
 _KEY = b"HPCPAR_PROFILE"
@@ -263,9 +264,14 @@ _KEY = b"HPCPAR_PROFILE"
 
 def active_profile() -> Profile | None:
     """The profile named by ``HPCPAR_PROFILE`` (loaded once per path), or None."""
+    raw = RAW_ENVIRON.get(_KEY) if RAW_ENVIRON is not None else None
+    if raw is not None and raw in _by_raw:  # the path as the environment holds it: no
+        return _by_raw[raw]  # decoding (0.24 -> 0.08 us, on every send's method lookup)
     path = getenv_fast("HPCPAR_PROFILE", _KEY)
     if not path:
         return None
     if path not in _active:
         _active[path] = load_profile(path)
+    if raw is not None:
+        _by_raw[raw] = _active[path]
     return _active[path]
