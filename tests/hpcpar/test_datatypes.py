@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -657,6 +659,26 @@ def test_copy_array_copies_exactly(src):
     dst = np.zeros_like(src)
     copy_array(dst, src)
     assert np.array_equal(dst, src) and dst.tobytes() == np.ascontiguousarray(src).tobytes()
+
+
+def test_a_helper_threads_failure_reaches_the_caller_and_the_helpers_go_on():
+    from hpcpar.datatypes.kernels import _on_threads
+
+    src, dst = np.arange(40.0), np.zeros(40)
+
+    def copy(d, s):  # fails on the helper's span (not the caller's, which starts at 0)
+        if s[0] != 0:
+            raise ValueError("helper span refused")
+        d[...] = s
+
+    with pytest.raises(ValueError, match="helper span refused"):
+        _on_threads(copy, dst, src, [0, 20, 40])
+    assert np.array_equal(dst[:20], src[:20])  # the caller's part was still copied
+    for _ in range(3):  # and the helpers still take work, right away and after a pause
+        dst[:] = 0
+        _on_threads(np.copyto, dst, src, [0, 10, 20, 30, 40])
+        assert np.array_equal(dst, src)
+        time.sleep(0.01)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "vector", "large vector"])
