@@ -10,7 +10,9 @@ the peer), ``numpy`` (``np.copyto`` of the view into a preallocated buffer, i.e.
 ``ascontiguousarray`` without the allocation), ``hpcpar-pack-new`` (``plan.pack(view)``
 into a new buffer) against ``numpy-ascontiguousarray`` (new buffers both; a contiguous
 view is copied with ``view.copy()``, as ``ascontiguousarray`` would return the view
-itself), and the unpack counterparts. Also: the
+itself), and the unpack counterparts. Each case first prints the cache-line traffic
+it implies (the 64 B lines its source touches, from the plan and the array's address,
+against the packed bytes). Also: the
 machine's copy roof (``np.copyto`` on a 2 GiB working set, 1 and 2 threads) and, on
 more than one rank, a 3D halo exchange against hand-written pack + Sendrecv.
 
@@ -409,6 +411,39 @@ def _send_variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> l
 _PERSISTENT: list[Any] = []  # the persistent requests a send case made, freed after it
 
 
+LINE = 64  # bytes in a cache line
+
+
+def lines_read(kernels: list[Any], address: int) -> int:
+    """Cache lines the source side of ``kernels`` touches, with the origin at ``address``.
+
+    Every block's first to last line, the union over all blocks (a line two blocks share
+    counts once): what a pack must read from memory at the least.
+    """
+    firsts, lasts = [], []
+    for k in kernels:
+        if k.empty:
+            continue
+        starts = np.array([address + k.src], dtype=np.int64)
+        for count, stride, _ in k.dims:
+            starts = (starts[:, None] + np.arange(count, dtype=np.int64) * stride).reshape(-1)
+        firsts.append(starts // LINE)
+        lasts.append((starts + k.size - 1) // LINE)
+    if not firsts:
+        return 0
+    first, last = np.concatenate(firsts), np.concatenate(lasts)
+    order = np.argsort(first, kind="stable")
+    first, last = first[order], last[order]
+    covered = np.concatenate(([np.iinfo(np.int64).min + 1], np.maximum.accumulate(last)[:-1]))
+    return int(np.maximum(0, last - np.maximum(first, covered + 1) + 1).sum())
+
+
+def _traffic(p: Any, base: np.ndarray) -> dict[str, Any]:
+    """The cache-line traffic a case implies: lines read, and their bytes over the packed."""
+    lines = lines_read(p._kernels(1), base.ctypes.data)
+    return {"lines_read": lines, "read_per_packed": lines * LINE / max(1, p.size)}
+
+
 def _case(
     comm: Any,
     args: argparse.Namespace,
@@ -417,19 +452,24 @@ def _case(
     variants: list[Variant],
     size: int,
     peer: str,
+    traffic: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Sweep one case's variants at one size; print and return its rows."""
     title, name = case
     say(f"# case: {title}")
+    if traffic is not None:
+        say(f"#   reads {traffic['lines_read']:,} cache lines of {LINE} B for {size:,} B packed: "
+            f"{traffic['read_per_packed']:.2f}x the packed bytes")  # fmt: skip
     say(format_header())
     rows = sweep(comm, variants, [size], peer=peer, repeats=args.repeats, warmup=args.warmup,
                  min_time=args.min_time, max_iterations=args.max_iterations)  # fmt: skip
     for m in rows:
         say(format_row(m))
-    return [{**m.as_dict(), "case": name} for m in rows]
+    return [{**m.as_dict(), "case": name, **(traffic or {})} for m in rows]
 
 
 def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
+    from ..datatypes import plan
     from ..errors import UsageError
     from ..runtime.results import mpi_library
 
@@ -453,7 +493,9 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     for name, make in _cases(args.n):
         whole, (view, dt) = make()
         variants = _variants(comm, whole, view, dt)
-        results += _case(comm, args, say, (name, name), variants, dt.Get_size(), "mpi-pack")
+        traffic = _traffic(plan(dt), whole.reshape(-1).view(np.uint8))
+        results += _case(comm, args, say, (name, name), variants, dt.Get_size(), "mpi-pack",
+                         traffic)  # fmt: skip
         dt.Free()
     if args.gpu:
         whole = np.random.default_rng(0).random((args.n, args.n, args.n))

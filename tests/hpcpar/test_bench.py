@@ -135,6 +135,10 @@ def test_datatypes_benchmark_end_to_end(comm, tmp_path, capsys):
         assert len(small) == 3 and {"x face (contiguous plane)", "interior (N-2)^3"} <= cases
         sizes = {r["case"]: r["size"] for r in rows}
         assert sorted(sizes[c] for c in small) == [64, 2048, 2048]
+        # the cache-line traffic each case implies: the z face a whole line a double
+        lines = {r["case"]: r["read_per_packed"] for r in rows if "lines_read" in r}
+        assert lines["small: z face of a 16^3 block (2 KiB)"] == 8.0
+        assert 1.0 <= lines["x face (contiguous plane)"] <= 1.125  # 512 B: one line more at most
         variants = {"hpcpar-pack", "hpcpar-packer", "mpi-pack", "numpy", "hpcpar-unpack"}
         variants |= {"hpcpar-pack-new", "numpy-ascontiguousarray"}  # into new buffers
         assert {r["variant"] for r in rows if r["case"] in small} == {
@@ -293,3 +297,31 @@ def test_sat_benchmark_end_to_end(comm, tmp_path):
             assert p["predicted"]["exponential"] == pytest.approx(comm.Get_size())
         else:
             assert "hpcpar-portfolio" not in by
+
+
+def test_cache_lines_a_layout_reads_against_a_brute_force_count():
+    from mpi4py import MPI
+
+    from hpcpar.bench.datatypes import LINE, lines_read
+    from hpcpar.datatypes import plan
+
+    rng = np.random.default_rng(4)
+    layouts = [
+        MPI.DOUBLE.Create_subarray([32, 32, 32], [32, 32, 1], [0, 0, 0]),  # z face: a line each
+        MPI.DOUBLE.Create_subarray([32, 32, 32], [32, 1, 32], [0, 5, 0]),  # y face: rows
+        MPI.BYTE.Create_vector(100, 8, 16),  # 8 B blocks, four to a line
+        MPI.BYTE.Create_indexed([3, 70, 1, 200], [0, 2, 130, 120]),  # overlapping lines
+    ]
+    for dt in layouts:
+        dt.Commit()
+        kernels = plan(dt)._kernels(1)
+        for address in (0, 8, 60, int(rng.integers(0, 1 << 20))):
+            touched = set()  # every byte's line, one by one
+            for k in kernels:
+                starts = [address + k.src]
+                for count, stride, _ in k.dims:
+                    starts = [s + i * stride for s in starts for i in range(count)]
+                for s in starts:
+                    touched.update(range(s // LINE, (s + k.size - 1) // LINE + 1))
+            assert lines_read(kernels, address) == len(touched), (dt, address)
+        dt.Free()
