@@ -132,22 +132,30 @@ class Plan:
             DatatypeError: bad count, ``src`` too small for the elements, ``out`` too
                 small or read-only.
         """
-        last_src, last_out, last_count, last_origin, again, packed, into, copied = self._last.pack
-        if last_src is src and last_out is out and last_count == count and last_origin == origin:
-            # the same buffers as the previous call: every check and copy still holds
-            if into is None:
-                again()
-            else:
-                into[...] = copied
-            return packed
-        if (
-            out is None
-            and self.view_shape is not None
-            and count == 1
-            and origin == 0
-            and isinstance(src, np.ndarray)
-        ):  # a new buffer in the view's own type
-            return _pack_view_anew(self, src)
+        if out is None:
+            if (
+                self.view_shape is not None
+                and count == 1
+                and origin == 0
+                and isinstance(src, np.ndarray)
+            ):
+                return _pack_view_anew(self, src)  # a new buffer in the view's own type
+        else:
+            last_src, last_out, last_count, last_origin, again, packed, into, copied = (
+                self._last.pack
+            )
+            if (
+                last_src is src
+                and last_out is out
+                and last_count == count
+                and last_origin == origin
+            ):
+                # the same buffers as the previous call: every check and copy still holds
+                if into is None:
+                    again()
+                else:
+                    into[...] = copied
+                return packed
         self._check(count)
         need = self.size * count
         packed = _out_buffer(out, need)
@@ -417,11 +425,10 @@ def _same_view(p: Plan, arr: np.ndarray) -> None:
 
 def _pack_view_anew(p: Plan, src: np.ndarray) -> np.ndarray:
     """``pack(src)`` of a view plan into a new buffer (what ``hpcpar.send`` does)."""
-    if src.dtype is not p.view_dtype or src.shape != p.view_shape:
+    dtype = src.dtype
+    if dtype is not p.view_dtype or src.shape != p.view_shape:
         _same_view(p, src)
-    if (src.nbytes < WIDEN_BYTES and src.dtype.fields is None) or p._memo.get(
-        ("plain", src.strides)
-    ):
+    if (src.nbytes < WIDEN_BYTES and dtype.fields is None) or p._memo.get(("plain", src.strides)):
         # numpy's own copy: small, or where ``copy_op`` chose it for these strides before
         # (choosing again costs 0.5 us; reshape and view 0.15 each); not for records,
         # whose padding numpy's copy would leave uninitialised
