@@ -490,7 +490,7 @@ def send_init(
         return PersistentRequest(mpi_comm.Send_init(typed, dest, tag), None, None, None, typed)
     out = np.empty(p.size * count, np.uint8)
     own = plan(obj if datatype is None else datatype)  # its packer remembers the buffers
-    packer = own.packer(obj, out) if datatype is None else own.packer(obj, out, count=count)
+    packer = own.packer(obj, out, count=1 if datatype is None else count)
     return PersistentRequest(mpi_comm.Send_init(out, dest, tag), packer, None, None, out)
 
 

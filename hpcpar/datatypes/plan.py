@@ -361,10 +361,7 @@ def _pack_view_anew(p: Plan, src: np.ndarray) -> np.ndarray:
         # whose padding numpy's copy would leave uninitialised
         return src.copy().view(_BYTE) if src.ndim == 1 else np.frombuffer(src.copy(), _BYTE)
     typed = np.empty(src.shape, src.dtype)
-    copy, dst, source = copy_op(typed, src, once=True)
-    copy(dst, source)
-    if src.dtype.itemsize >= 8:  # (narrower elements: the choice depends on alignment)
-        p._memo["plain", src.strides] = copy is np.copyto and dst is typed and source is src
+    _copy_once(p, typed, src, src)
     return typed.reshape(-1).view(np.uint8)
 
 
@@ -372,11 +369,20 @@ def unpack_view_once(p: Plan, typed: np.ndarray, dst: np.ndarray) -> None:
     """Copy ``typed`` (contiguous, the view's shape and dtype) into the view ``dst``."""
     if p._memo.get(("plain", dst.strides)):
         dst[...] = typed
-        return
-    copy, to, source = copy_op(dst, typed, once=True)
+    else:
+        _copy_once(p, dst, typed, dst)
+
+
+def _copy_once(p: Plan, dst: np.ndarray, src: np.ndarray, view: np.ndarray) -> None:
+    """Run ``copy_op(dst, src, once=True)``; remember if it was numpy's own copy.
+
+    Kept per ``view``'s strides: the choice is the same either way between a view and
+    its packed form, so packs and receives share it.
+    """
+    copy, to, source = copy_op(dst, src, once=True)
     copy(to, source)
-    if dst.dtype.itemsize >= 8:
-        p._memo["plain", dst.strides] = copy is np.copyto and to is dst and source is typed
+    if view.dtype.itemsize >= 8:  # (narrower elements: the choice depends on alignment)
+        p._memo["plain", view.strides] = copy is np.copyto and to is dst and source is src
 
 
 def _pack_view(p: Plan, src: np.ndarray, packed: np.ndarray) -> list[Any]:
