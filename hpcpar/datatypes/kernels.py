@@ -299,15 +299,7 @@ def _sparse_words(dst: np.ndarray, src: np.ndarray) -> Any:
         gather = False
     else:
         return None
-    key = ("ahead", dst.ndim, gather)
-    if key not in _loops:
-        try:
-            from .loops import ahead
-        except ImportError:
-            _loops[key] = None
-        else:
-            _loops[key] = ahead(dst.ndim, gather)
-    return _loops[key]
+    return _numba_loop("ahead", dst.ndim, gather)
 
 
 def _as_rows(dst: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -420,14 +412,19 @@ def _compiled(ndim: int, streaming: bool) -> Any:
 
     None also where numba is missing: numpy's copy is right, only slower.
     """
-    key = (ndim, streaming)
+    return _numba_loop("loop", ndim, streaming)
+
+
+def _numba_loop(maker: str, *args: Any) -> Any:
+    """``loops.<maker>(*args)``, made once; None where numba (``loops``) cannot load."""
+    key = (maker, *args)
     if key not in _loops:
         try:
-            from .loops import loop
+            from . import loops
         except ImportError:
             _loops[key] = None
         else:
-            _loops[key] = loop(ndim, streaming)
+            _loops[key] = getattr(loops, maker)(*args)
     return _loops[key]
 
 
