@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,10 @@ def _probe(env: dict[str, str], cwd: Path) -> list[str]:
 @pytest.mark.slow
 def test_regular_install_maps_checkpoint_and_apps(tmp_path):
     target = tmp_path / "site"
+    # from a copy without build/: setuptools would reuse what an earlier build left there
+    source = tmp_path / "source"
+    leftovers = ("build", ".venv", ".git", "*.egg-info", "__pycache__", "demo-results", "results")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*leftovers))
     build = subprocess.run(
         [
             sys.executable,
@@ -39,7 +44,7 @@ def test_regular_install_maps_checkpoint_and_apps(tmp_path):
             "--no-build-isolation",
             "--target",
             str(target),
-            str(ROOT),
+            str(source),
         ],
         capture_output=True,
         text=True,
@@ -51,6 +56,12 @@ def test_regular_install_maps_checkpoint_and_apps(tmp_path):
     checkpoint, apps = _probe(env, cwd=tmp_path)
     assert Path(checkpoint) == target / "hpcpar" / "checkpoint" / "__init__.py"
     assert Path(apps) == target / "hpcpar" / "apps" / "__init__.py"
+    # every module of every package in the source tree is installed, none left out
+    for folder, installed in (("hpcpar", "hpcpar"), ("checkpoint", "hpcpar/checkpoint"),
+                              ("apps", "hpcpar/apps")):  # fmt: skip
+        for module in (ROOT / folder).rglob("*.py"):
+            if "__pycache__" not in module.parts:
+                assert (target / installed / module.relative_to(ROOT / folder)).exists(), module
 
 
 def test_this_install_maps_checkpoint_and_apps(tmp_path):
