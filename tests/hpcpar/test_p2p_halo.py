@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
+import weakref
 
 import numpy as np
 import pytest
@@ -288,6 +290,48 @@ def test_persistent_sends_and_receives_repeat_with_new_values(comm, method):
         hpcpar.send_init(np.zeros(4), right, comm=comm, datatype=vec, method=method)
     vec.Free()
     assert_all(bool(ok), f"persistent {method}", comm)
+
+
+@pytest.mark.parametrize("method", ["pack", "datatype"])
+def test_persistent_requests_keep_their_arrays_alive(comm, method):
+    # zero copy hands MPI the view's address, not an array: the request itself must keep
+    # the memory of a view nobody else holds (and whose base nobody else holds)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    bases = [np.arange(40.0) + 100 * rank, np.full(60, -1.0)]
+    alive = [weakref.ref(b) for b in bases]
+    send = hpcpar.send_init(bases[0][::-2], right, tag=31, comm=comm, method=method)
+    recv = hpcpar.recv_init(bases[1][::3], left, tag=31, comm=comm, method=method)
+    del bases
+    gc.collect()
+    junk = [np.full(40, 7.0) for _ in range(50)]  # memory a freed base would have given up
+    recv.start()
+    send.start()
+    send.wait()
+    recv.wait()
+    got = alive[1]()
+    ok = all(a() is not None for a in alive) and got is not None
+    ok &= got is not None and np.array_equal(got[::3], (np.arange(40.0) + 100 * left)[::-2])
+    ok &= bool((junk[0] == 7.0).all())
+    send.free()
+    recv.free()
+    del send, recv, got
+    gc.collect()
+    ok &= all(a() is None for a in alive)  # freed with the requests
+    assert_all(bool(ok), f"persistent {method}: arrays kept alive", comm)
+
+
+def test_empty_views_travel(comm):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for method in ("pack", "datatype", "auto"):
+        empty = np.zeros((4, 6))[::2, 3:3]
+        if rank % 2 == 0:
+            hpcpar.send(empty, right, tag=32, comm=comm, method=method)
+            hpcpar.recv(np.zeros((4, 6))[1::2, 0:0], left, tag=32, comm=comm, method=method)
+        else:
+            hpcpar.recv(np.zeros((4, 6))[1::2, 0:0], left, tag=32, comm=comm, method=method)
+            hpcpar.send(empty, right, tag=32, comm=comm, method=method)
 
 
 def test_persistent_receive_refuses_a_longer_message(comm):
