@@ -28,7 +28,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["AHEAD", "AHEAD_SCATTER", "ahead", "loop"]
+__all__ = ["AHEAD", "AHEAD_SCATTER", "ahead", "blocks", "loop"]
 
 
 @intrinsic
@@ -196,3 +196,64 @@ _LOOPS = {
 def loop(ndim: int, streaming: bool) -> Any:
     """The compiled ``copy(dst, src)`` for ``ndim``-dimensional arrays, or None."""
     return _LOOPS.get((ndim, streaming))
+
+
+@_JIT
+def _gather_blocks(at: Any, length: Any, count: int, step: int, dst: Any, src: Any) -> None:
+    k = 0
+    for e in range(count):
+        base = e * step
+        for b in range(at.shape[0]):
+            s = base + at[b]
+            for i in range(length[b]):
+                dst[k + i] = src[s + i]
+            k += length[b]
+
+
+@_JIT
+def _scatter_blocks(at: Any, length: Any, count: int, step: int, dst: Any, src: Any) -> None:
+    k = 0
+    for e in range(count):
+        base = e * step
+        for b in range(at.shape[0]):
+            d = base + at[b]
+            for i in range(length[b]):
+                dst[d + i] = src[k + i]
+            k += length[b]
+
+
+@_JIT
+def _gather_even(at: Any, n: int, count: int, step: int, dst: Any, src: Any) -> None:
+    k = 0
+    for e in range(count):
+        base = e * step
+        for b in range(at.shape[0]):
+            s = base + at[b]
+            for i in range(n):
+                dst[k + i] = src[s + i]
+            k += n
+
+
+@_JIT
+def _scatter_even(at: Any, n: int, count: int, step: int, dst: Any, src: Any) -> None:
+    k = 0
+    for e in range(count):
+        base = e * step
+        for b in range(at.shape[0]):
+            d = base + at[b]
+            for i in range(n):
+                dst[d + i] = src[k + i]
+            k += n
+
+
+def blocks(gather: bool, even: bool) -> Any:
+    """The block-list copy (``blocks.py``): ``copy(at, length, count, step, dst, src)``.
+
+    Block ``b`` of element ``e`` lies ``e * step + at[b]`` words into the user's side
+    and is ``length[b]`` words long (``even``: all ``length`` words, one number); the
+    packed side is the blocks in order. Gather packs (``src`` the user's), scatter
+    unpacks.
+    """
+    if even:
+        return _gather_even if gather else _scatter_even
+    return _gather_blocks if gather else _scatter_blocks

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .blocks import block_op, blocks_of, worth_blocks
 from .decode import decode_layout
 from .errors import DatatypeError
 from .ir import Item, Repeat, Strided, canonical, packed_size, replicate, span
@@ -170,8 +171,7 @@ class Plan:
         else:
             area = _bytes_of(src, "src", writable=False)
             self._bounds(area, origin, count, "src")
-            ops = copy_kernels(self._kernels(count), area, packed, origin, pack=True,
-                               keys=(src, out))  # fmt: skip
+            ops = self._copy(area, packed, origin, count, pack=True, keys=(src, out))
         if out is not None:  # remember the buffers: a loop packing them again skips the checks
             again = replay(ops)
             self._last.pack = (src, out, count, origin, again, packed, *assignment(again))
@@ -240,12 +240,31 @@ class Plan:
             if np.may_share_memory(area, packed) and np.shares_memory(area, packed):
                 raise DatatypeError("dst and buf overlap; unpack into separate memory")
             self._bounds(area, origin, count, "dst")
-            ops = copy_kernels(self._kernels(count), area, packed[:need], origin, pack=False,
-                               keys=(dst, buf) if remember else None)  # fmt: skip
+            keys = (dst, buf) if remember else None
+            ops = self._copy(area, packed[:need], origin, count, pack=False, keys=keys)
         if remember:
             again = replay(ops)
             self._last.unpack = (buf, dst, count, origin, again, None, *assignment(again))
         return dst
+
+    def _copy(
+        self, area: np.ndarray, packed: np.ndarray, origin: int, count: int, pack: bool, keys: Any
+    ) -> list[Any]:
+        """Copy ``count`` elements between ``area`` and ``packed``; the copies made.
+
+        Irregular layouts (many small kernels) take the block loop (``blocks.py``), the
+        rest one strided copy per kernel (``kernels.copy_kernels``).
+        """
+        blocks = self._memo.get("blocks", False)
+        if blocks is False:
+            one = self._kernels(1)
+            blocks = blocks_of(one) if worth_blocks(one, self.size) else None
+            self._memo["blocks"] = blocks
+        if blocks is None:
+            return copy_kernels(self._kernels(count), area, packed, origin, pack=pack, keys=keys)
+        op = block_op(blocks, area, packed, origin, count, self.extent, self._reach(count), pack)
+        run_copies([op])
+        return [op]
 
     def _bounds(self, area: np.ndarray, origin: int, count: int, name: str) -> None:
         lo, hi = self._reach(count)

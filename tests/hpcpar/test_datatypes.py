@@ -805,3 +805,71 @@ def test_plans_are_worked_out_once_per_layout_and_hold_no_buffers():
     del big
     gc.collect()
     assert gone() is None
+
+
+def _irregular(kind):
+    """Irregular datatypes (the caller frees them): many small kernels, the block loop."""
+    rng = np.random.default_rng(len(kind))
+    if kind == "scattered 8 B blocks":  # one length: the loop with a fixed count per block
+        spots = np.sort(rng.choice(np.arange(2000), 500, replace=False)) * 8
+        return MPI.BYTE.Create_hindexed_block(8, [int(d) for d in spots])
+    if kind == "mixed lengths":  # bytes 1-40 long at byte offsets: single bytes, merged runs
+        lengths = [int(n) for n in rng.integers(1, 41, 300)]
+        gaps = rng.integers(0, 30, 300)
+        starts = np.cumsum(np.concatenate(([0], np.array(lengths[:-1]) + gaps[:-1])))
+        return MPI.BYTE.Create_hindexed(lengths, [int(s) for s in starts])
+    if kind == "struct, negative lb":  # fields of a record repeated, resized with a hole
+        fields = [MPI.INT8_T, MPI.DOUBLE, MPI.INT16_T, MPI.FLOAT] * 4
+        at = [-40 + 12 * i for i in range(len(fields))]
+        record = MPI.Datatype.Create_struct([1] * len(fields), at, fields)
+        wide = record.Create_resized(-48, 240)
+        record.Free()
+        return wide
+    assert kind == "nested indexed"  # an indexed type of a vector, in an hvector
+    vec = MPI.SHORT.Create_vector(3, 1, 5)
+    idx = vec.Create_indexed([1, 2, 1, 3, 1, 2, 1, 1, 2, 1], [0, 7, 19, 40, 51, 60, 75, 77, 90, 99])
+    out = idx.Create_hvector(3, 1, 4000)
+    vec.Free()
+    idx.Free()
+    return out
+
+
+@pytest.mark.parametrize("numba", [True, False])  # the compiled loop, numpy's take and put
+@pytest.mark.parametrize("count", [1, 3])
+@pytest.mark.parametrize("shift", [0, 1])  # an odd origin: words of one byte
+@pytest.mark.parametrize(
+    "kind", ["scattered 8 B blocks", "mixed lengths", "struct, negative lb", "nested indexed"]
+)
+def test_irregular_layouts_take_the_block_loop_and_match_mpi(
+    kind, count, shift, numba, monkeypatch
+):
+    from hpcpar.datatypes import blocks
+
+    if not numba:
+        monkeypatch.setattr(blocks, "_numba_loop", lambda *args: None)
+    dt = _irregular(kind).Commit()
+    try:
+        p = datatypes.plan(dt)
+        area, origin = area_for(dt, count, seed=count)
+        area = np.concatenate([np.zeros(shift, np.uint8), area])
+        origin += shift
+        out = np.empty(p.size * count, np.uint8)
+        for step in range(2):  # the second pack and unpack replay the first's copies
+            area[origin:] = np.random.default_rng(step).integers(0, 256, area.size - origin)
+            want = mpi_pack(dt, area, origin, count)
+            assert p.pack(area, out, count=count, origin=origin).tobytes() == want.tobytes()
+            assert p.pack(area, count=count, origin=origin).tobytes() == want.tobytes()
+            ours, theirs = np.zeros_like(area), np.zeros_like(area)
+            p.unpack(out, ours, count=count, origin=origin)
+            extent = dt.Get_extent()[1]
+            dt.Unpack(want, 0, theirs[origin : origin + count * extent], MPI.COMM_SELF)
+            assert ours.tobytes() == theirs.tobytes()
+        blocks_used = p._memo["blocks"]
+        assert blocks_used is not None and blocks_used.at.size >= 8  # the block loop ran
+        with pytest.raises(DatatypeError, match="reach bytes"):  # nothing past the buffer
+            p.pack(area[: origin + p._reach(count)[1] - 1], count=count, origin=origin)
+        with pytest.raises(DatatypeError, match="reach bytes"):
+            p.unpack(out, np.zeros(origin + p._reach(count)[1] - 1, np.uint8), count=count,
+                     origin=origin)  # fmt: skip
+    finally:
+        dt.Free()

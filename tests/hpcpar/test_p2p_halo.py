@@ -326,12 +326,13 @@ def test_empty_views_travel(comm):
     right, left = (rank + 1) % size, (rank - 1) % size
     for method in ("pack", "datatype", "auto"):
         empty = np.zeros((4, 6))[::2, 3:3]
-        if rank % 2 == 0:
-            hpcpar.send(empty, right, tag=32, comm=comm, method=method)
-            hpcpar.recv(np.zeros((4, 6))[1::2, 0:0], left, tag=32, comm=comm, method=method)
-        else:
-            hpcpar.recv(np.zeros((4, 6))[1::2, 0:0], left, tag=32, comm=comm, method=method)
-            hpcpar.send(empty, right, tag=32, comm=comm, method=method)
+        landing = np.zeros((4, 6))[1::2, 0:0]
+        pending = hpcpar.irecv(landing, left, tag=32, comm=comm)  # no rank waits on another
+        hpcpar.send(empty, right, tag=32, comm=comm, method=method)
+        pending.wait()
+        pending = hpcpar.isend(empty, right, tag=33, comm=comm)
+        assert hpcpar.recv(landing, left, tag=33, comm=comm, method=method).size == 0
+        pending.wait()
 
 
 def test_persistent_receive_refuses_a_longer_message(comm):
