@@ -1,9 +1,12 @@
 """``hpcpar bench datatypes``: pack/unpack speed of hpcpar's plans vs MPI's Pack and numpy.
 
 Cases: the x, y and z faces and the interior of an N^3 float64 array, vectors of 8 B to
-64 KiB blocks at twice their size apart, a padded struct, and three small messages
-(64 B - 2 KiB: their Avg(us) is the pack's latency); each as a numpy view and as the
-equivalent MPI datatype. Variants in the same run: ``hpcpar-pack`` (the plan into
+64 KiB blocks at twice their size apart, a padded struct, irregular layouts (4,096 and
+131,072 blocks of 8 B, 4,096 of 64 B, at random places, one place in four taken: an
+hindexed_block type, and as numpy's peer ``np.take`` of the doubles at a precomputed
+index), and three small messages (64 B - 2 KiB: their Avg(us) is the pack's latency);
+each as a numpy view and as the equivalent MPI datatype. Variants in the same run:
+``hpcpar-pack`` (the plan into
 a preallocated buffer), ``hpcpar-packer`` (the same through ``Plan.packer``, the
 persistent form; ``hpcpar-unpacker`` likewise), ``mpi-pack`` (``MPI.Datatype.Pack``,
 the peer), ``numpy`` (``np.copyto`` of the view into a preallocated buffer, i.e.
@@ -30,6 +33,7 @@ import argparse
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -102,8 +106,27 @@ def _cases(n: int) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
         return data, (data, every)
 
     cases.append(("struct (i1, f8, 3 x i2; padded to 24 B)", struct))
+    for blocks, width in ((4096, 8), (4096, 64), (1 << 17, 8)):
+
+        def scattered(blocks: int = blocks, width: int = width) -> tuple[np.ndarray, Any]:
+            rng = np.random.default_rng(0)
+            spots = np.sort(rng.choice(4 * blocks, blocks, replace=False)) * width
+            raw = rng.random(4 * blocks * width // 8)
+            dt = MPI.BYTE.Create_hindexed_block(width, [int(s) for s in spots]).Commit()
+            words = width // 8
+            index = (spots[:, None] // 8 + np.arange(words)).reshape(-1)
+            return raw, (Gather(index), dt)
+
+        cases.append((f"indexed: {blocks} blocks of {width} B at random, 1 in 4", scattered))
     cases += _small_cases()
     return cases
+
+
+@dataclass(frozen=True)
+class Gather:
+    """An irregular case's numpy peer: the packed doubles are ``whole[index]``."""
+
+    index: np.ndarray
 
 
 def _small_cases() -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
@@ -146,7 +169,8 @@ def _variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> list[V
     p = plan(dt)
     base = whole.reshape(-1).view(np.uint8)
     extent = dt.Get_extent()[1]
-    view_plan = plan(view) if view.dtype.fields is None else None
+    gather = view if isinstance(view, Gather) else None
+    view_plan = plan(view) if gather is None and view.dtype.fields is None else None
     size = p.size
     out = np.empty(size, np.uint8)
     if view_plan is not None:
@@ -173,6 +197,13 @@ def _variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> list[V
         return into_out(p.packer(base, out))  # the persistent form: Plan.packer
 
     variants = [Variant("hpcpar-pack", hp), Variant("hpcpar-packer", hpp), Variant("mpi-pack", mp)]
+    if gather is not None:  # numpy's way: take the doubles at a precomputed index
+
+        def take(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+            words = out.view(whole.dtype)
+            return into_out(lambda: np.take(whole, gather.index, out=words))
+
+        variants.append(Variant("numpy", take))
     if view_plan is not None:
         typed = out.view(view.dtype).reshape(view.shape)  # the same bytes, the view's type
 

@@ -246,14 +246,38 @@ def _scatter_even(at: Any, n: int, count: int, step: int, dst: Any, src: Any) ->
             k += n
 
 
-def blocks(gather: bool, even: bool) -> Any:
+@_JIT
+def _gather_words(at: Any, n: int, count: int, step: int, dst: Any, src: Any) -> None:
+    k = 0
+    for e in range(count):
+        base = e * step
+        for b in range(at.shape[0]):
+            dst[k + b] = src[base + at[b]]
+        k += at.shape[0]
+
+
+@_JIT
+def _scatter_words(at: Any, n: int, count: int, step: int, dst: Any, src: Any) -> None:
+    k = 0
+    for e in range(count):
+        base = e * step
+        for b in range(at.shape[0]):
+            dst[base + at[b]] = src[k + b]
+        k += at.shape[0]
+
+
+def blocks(gather: bool, kind: str) -> Any:
     """The block-list copy (``blocks.py``): ``copy(at, length, count, step, dst, src)``.
 
-    Block ``b`` of element ``e`` lies ``e * step + at[b]`` words into the user's side
-    and is ``length[b]`` words long (``even``: all ``length`` words, one number); the
-    packed side is the blocks in order. Gather packs (``src`` the user's), scatter
-    unpacks.
+    Block ``b`` of element ``e`` lies ``e * step + at[b]`` words into the user's side;
+    the packed side is the blocks in order. ``kind``: ``"mixed"`` (``length[b]`` words
+    each), ``"even"`` (``length`` words each, one number), ``"words"`` (single words: no
+    inner loop; 4,096 scattered 8 B blocks 4.4 against 6.9 us). Gather packs (``src``
+    the user's), scatter unpacks.
     """
-    if even:
-        return _gather_even if gather else _scatter_even
-    return _gather_blocks if gather else _scatter_blocks
+    loops = {
+        "words": (_gather_words, _scatter_words),
+        "even": (_gather_even, _scatter_even),
+        "mixed": (_gather_blocks, _scatter_blocks),
+    }[kind]
+    return loops[0] if gather else loops[1]
