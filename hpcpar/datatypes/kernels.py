@@ -507,6 +507,12 @@ class _Helper:
     copy (the interior of a 128^3 block on two threads: 775 us, one thread 1,111).
     Polling (``time.sleep(0)``, which lets the GIL go) while the next job is likely, as
     OpenMP's threads spin before they sleep: 679 us. Between bursts it blocks.
+
+    ``time.sleep(0)`` itself sleeps about 80 us on that VM (the kernel's timer slack),
+    so a job waits up to that long to be picked up. A spin that stays in compiled code
+    (numba, ``sched_yield`` between looks, the caller spinning the same way for the
+    result) picked a small job up in 13 us instead of 90, but moved 16 MB copies no
+    faster (674-695 against 674 us, session 13); it was left out.
     """
 
     def __init__(self) -> None:
