@@ -2,7 +2,10 @@
 
 The kernel follows TEMPI: every thread moves one W-byte word (the widest that divides
 the block, the strides and the addresses) of one block, so a face of a 3D array is one
-launch whatever its nesting. For layouts with one strided dimension, a single
+launch whatever its nesting; irregular layouts (many small kernels, ``blocks.py``) are
+one ``block_copy`` launch over all their blocks, cut to one length, instead of a launch
+per kernel (thousands for a scattered indexed type). For layouts with one strided
+dimension, a single
 ``cudaMemcpy2DAsync`` copies straight into pinned host memory (device to host staging
 with no intermediate device buffer). Both need cupy and a GPU; the tests skip with that
 reason elsewhere.
@@ -53,6 +56,20 @@ __global__ void strided_copy(unsigned char* user, unsigned char* packed,
     if (pack) *(T*)(packed + p) = *(const T*)(user + u);
     else *(T*)(user + u) = *(const T*)(packed + p);
 }
+
+template<typename T>
+__global__ void block_copy(unsigned char* user, unsigned char* packed, const long long* at,
+                           long long nblocks, long long nwords, long long total,
+                           long long user0, long long step, int pack) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    long long word = i % nwords, block = i / nwords;
+    long long u = user0 + (block / nblocks) * step + at[block % nblocks]
+                  + word * (long long)sizeof(T);
+    long long p = i * (long long)sizeof(T);
+    if (pack) *(T*)(packed + p) = *(const T*)(user + u);
+    else *(T*)(user + u) = *(const T*)(packed + p);
+}
 """
 _NAMES = {
     8: "strided_copy<unsigned long long>",
@@ -60,19 +77,19 @@ _NAMES = {
     2: "strided_copy<unsigned short>",
     1: "strided_copy<unsigned char>",
 }
+_BLOCK_NAMES = {w: name.replace("strided_copy", "block_copy") for w, name in _NAMES.items()}
 _module: list[Any] = []
 
 
-def _kernel(width: int) -> Any:
+def _kernel(width: int, blocks: bool = False) -> Any:
     import cupy
 
     if not _module:
+        names = [*_NAMES.values(), *_BLOCK_NAMES.values()]
         _module.append(
-            cupy.RawModule(
-                code=_SOURCE, options=("-std=c++11",), name_expressions=list(_NAMES.values())
-            )
+            cupy.RawModule(code=_SOURCE, options=("-std=c++11",), name_expressions=names)
         )
-    return _module[0].get_function(_NAMES[width])
+    return _module[0].get_function((_BLOCK_NAMES if blocks else _NAMES)[width])
 
 
 def _device_dims(p: Plan, count: int) -> list[tuple[Kernel, tuple[Any, Any, Any]]]:
@@ -101,6 +118,10 @@ def _device_dims(p: Plan, count: int) -> list[tuple[Kernel, tuple[Any, Any, Any]
 
 def _run(p: Plan, user: Any, packed: Any, count: int, origin: int, pack: bool) -> None:
     user_addr, packed_addr = user.data.ptr, packed.data.ptr
+    blocks = p._block_list()
+    if blocks is not None:  # irregular: one launch for all its blocks, not one a kernel
+        _run_blocks(p, blocks, user, packed, count, origin, pack)
+        return
     for k, (counts, ustr, pstr) in _device_dims(p, count):
         w = _word(k, user_addr + origin, packed_addr)
         nwords = k.size // w
@@ -123,6 +144,46 @@ def _run(p: Plan, user: Any, packed: Any, count: int, origin: int, pack: bool) -
                 np.int32(1 if pack else 0),
             ),
         )
+
+
+def _run_blocks(
+    p: Plan, blocks: Any, user: Any, packed: Any, count: int, origin: int, pack: bool
+) -> None:
+    """An irregular layout's ``blocks.Blocks`` in one ``block_copy`` launch.
+
+    Every block is cut into pieces of one length (``Blocks.even``); each thread moves one
+    word of a piece. The pieces' offsets go to the device once per plan and device.
+    """
+    import cupy
+
+    at, piece = blocks.even()
+    key = ("device blocks", cupy.cuda.runtime.getDevice())
+    if key not in p._memo:
+        p._memo[key] = cupy.asarray(at, cupy.int64)
+    step = p.extent if count > 1 else 0
+    word = next(w for w in (8, 4, 2, 1)
+                if not (piece % w or blocks.unit % w or step % w
+                        or (user.data.ptr + origin) % w or packed.data.ptr % w))  # fmt: skip
+    nwords = piece // word
+    total = nwords * at.size * count
+    if total == 0:
+        return
+    threads = 256
+    _kernel(word, blocks=True)(
+        ((total + threads - 1) // threads,),
+        (threads,),
+        (
+            user,
+            packed,
+            p._memo[key],
+            np.int64(at.size),
+            np.int64(nwords),
+            np.int64(total),
+            np.int64(origin),
+            np.int64(step),
+            np.int32(1 if pack else 0),
+        ),
+    )
 
 
 def _device_bytes(obj: Any, name: str) -> Any:

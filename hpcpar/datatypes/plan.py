@@ -255,16 +255,21 @@ class Plan:
         Irregular layouts (many small kernels) take the block loop (``blocks.py``), the
         rest one strided copy per kernel (``kernels.copy_kernels``).
         """
-        blocks = self._memo.get("blocks", False)
-        if blocks is False:
-            one = self._kernels(1)
-            blocks = blocks_of(one) if worth_blocks(one, self.size) else None
-            self._memo["blocks"] = blocks
+        blocks = self._block_list()
         if blocks is None:
             return copy_kernels(self._kernels(count), area, packed, origin, pack=pack, keys=keys)
         op = block_op(blocks, area, packed, origin, count, self.extent, self._reach(count), pack)
         run_copies([op])
         return [op]
+
+    def _block_list(self) -> Any:
+        """The element's ``blocks.Blocks`` when the layout is irregular (many small kernels)."""
+        blocks = self._memo.get("blocks", False)
+        if blocks is False:
+            one = self._kernels(1)
+            blocks = blocks_of(one) if worth_blocks(one, self.size) else None
+            self._memo["blocks"] = blocks
+        return blocks
 
     def _bounds(self, area: np.ndarray, origin: int, count: int, name: str) -> None:
         lo, hi = self._reach(count)

@@ -628,9 +628,11 @@ def test_gpu_packers_match_the_cpu_packer():
         MPI.DOUBLE.Create_subarray([32, 32, 32], [32, 32, 1], [0, 0, 0]),
         MPI.DOUBLE.Create_vector(64, 3, 7),
         MPI.Datatype.Create_struct([1, 2], [0, 16], [MPI.INT, MPI.DOUBLE]),
+        *(_irregular(kind) for kind in ("scattered 8 B blocks", "mixed lengths", "nested indexed")),
     ):
         dt.Commit()
         p = datatypes.plan(dt)
+        irregular = p._block_list() is not None  # one block_copy launch for all its blocks
         area = np.random.default_rng(1).integers(0, 256, 32 * 32 * 32 * 8 * 2).astype(np.uint8)
         want = p.pack(area, count=2)
         device = cupy.asarray(area)
@@ -641,6 +643,7 @@ def test_gpu_packers_match_the_cpu_packer():
         mine = np.zeros_like(area)
         p.unpack(want, mine, count=2)
         assert cupy.asnumpy(back).tobytes() == mine.tobytes()
+        assert irregular == any(key[0] == "device blocks" for key in p._memo if len(key) == 2)
         dt.Free()
 
 

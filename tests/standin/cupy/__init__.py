@@ -269,15 +269,40 @@ class _Kernel:
                 U[u : u + W] = P[p : p + W]
 
 
+class _BlockKernel:
+    """hpcpar/datatypes/gpu.py's block_copy<T>, one thread after the other."""
+
+    def __init__(self, width):
+        self.w = width
+
+    def __call__(self, grid, block, args):
+        user, packed, at, nblocks, nwords, total, user0, step, pack = args
+        at = at.a
+        assert grid[0] * block[0] >= int(total)
+        U, P, W = user.a.view(np.uint8), packed.a.view(np.uint8), self.w
+        for i in range(int(total)):
+            word, b = i % int(nwords), i // int(nwords)
+            u = int(user0) + (b // int(nblocks)) * int(step) + int(at[b % int(nblocks)]) + word * W
+            p = i * W
+            assert u >= 0 and u + W <= U.size and p + W <= P.size
+            assert (user.data.ptr + u) % W == 0 and (packed.data.ptr + p) % W == 0
+            if int(pack):
+                P[p : p + W] = U[u : u + W]
+            else:
+                U[u : u + W] = P[p : p + W]
+
+
 class RawModule:
     def __init__(self, code, options=(), name_expressions=()):
         self.names = list(name_expressions)
+        assert all(name.split("<")[0] in code for name in self.names)
 
     def get_function(self, name):
         assert name in self.names, name
         widths = {"unsigned long long": 8, "unsigned int": 4, "unsigned short": 2,
                   "unsigned char": 1}  # fmt: skip
-        return _Kernel(widths[name[name.index("<") + 1 : -1]])
+        width = widths[name[name.index("<") + 1 : -1]]
+        return _BlockKernel(width) if name.startswith("block_copy") else _Kernel(width)
 
 
 cuda = types.SimpleNamespace(
