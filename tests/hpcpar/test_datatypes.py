@@ -876,3 +876,34 @@ def test_irregular_layouts_take_the_block_loop_and_match_mpi(
                      origin=origin)  # fmt: skip
     finally:
         dt.Free()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    lengths=st.lists(st.integers(1, 5), min_size=8, max_size=40),
+    gaps=st.lists(st.integers(0, 4), min_size=40, max_size=40),
+    shuffle=st.randoms(use_true_random=False),
+    base=st.sampled_from([MPI.BYTE, MPI.SHORT, MPI.DOUBLE]),
+    count=st.integers(1, 3),
+)
+def test_random_indexed_layouts_pack_and_unpack_like_mpi(lengths, gaps, shuffle, base, count):
+    """Many blocks in any order (the type map's, not the addresses'): the block loop."""
+    starts, at = [], 0
+    for length, gap in zip(lengths, gaps, strict=False):
+        starts.append(at)
+        at += length + gap
+    order = list(range(len(lengths)))
+    shuffle.shuffle(order)
+    dt = base.Create_indexed([lengths[i] for i in order], [starts[i] for i in order]).Commit()
+    try:
+        p = datatypes.plan(dt)
+        area, origin = area_for(dt, count, seed=len(lengths))
+        want = mpi_pack(dt, area, origin, count)
+        assert p.pack(area, count=count, origin=origin).tobytes() == want.tobytes()
+        ours, theirs = np.zeros_like(area), np.zeros_like(area)
+        p.unpack(want, ours, count=count, origin=origin)
+        extent = dt.Get_extent()[1]
+        dt.Unpack(want, 0, theirs[origin : origin + count * extent], MPI.COMM_SELF)
+        assert ours.tobytes() == theirs.tobytes()
+    finally:
+        dt.Free()
