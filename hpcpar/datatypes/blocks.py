@@ -4,14 +4,14 @@ A layout whose copy kernels are many and small (an indexed type with scattered
 displacements, most of a struct's fields in a padded record, an unstructured mesh's
 ghost cells) took one numpy copy per kernel, about 0.2 us each even replayed, and
 building the views each time a buffer was new: 4,096 blocks of 8 B at random places
-made 1,702 kernels, 350 us a pack (4.8 ms into a new buffer) against MPICH's 11.6.
+made 1,713 kernels, 350 us a pack (4.8 ms into a new buffer) against MPICH's 10-11.6.
 
 Here the element's blocks are listed once (their offsets in the user's buffer and
 their lengths, in the widest word that divides every offset, length, the extent and
 both buffers' addresses; adjacent blocks merged) and one loop copies them, element
-after element (numba, ``loops.gather_blocks``); where numba is missing, numpy's
-``take`` with the index of every word. The packed side is always sequential: blocks
-are listed in pack order.
+after element (numba, ``loops.blocks``: 1.8 us for those 4,096 blocks); where numba is
+missing, numpy's ``take`` and ``put`` at the index of every word. The packed side is
+always sequential: blocks are listed in pack order.
 
 The loop does not check bounds: ``block_op`` refuses buffers that do not hold every
 byte the blocks reach (the plan checks them first, with a clear error).
@@ -27,7 +27,7 @@ import numpy as np
 
 from .kernels import Kernel, _numba_loop
 
-__all__ = ["Blocks", "blocks_of", "block_op", "MANY_KERNELS", "SMALL_KERNEL_BYTES"]
+__all__ = ["Blocks", "blocks_of", "block_op", "worth_blocks", "MANY_KERNELS", "SMALL_KERNEL_BYTES"]
 
 _WORDS = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
 # An element's kernels go through the block loop when there are this many or more ...
@@ -120,7 +120,7 @@ def blocks_of(kernels: list[Kernel]) -> Blocks:
         at = at[first]
         # blocks of one length unless that more than doubles their number: the loop then
         # runs a fixed count per block, with no branch on a varying length (131,072
-        # scattered 8 B blocks, a quarter of them adjacent: 0.37 ms against 0.40)
+        # scattered 8 B blocks, a quarter of them adjacent: 0.24 ms against 0.39)
         even = int(np.gcd.reduce(length))
         if (length // even).sum() <= 2 * at.size and not (length == even).all():
             at = _cut(at, length, even)
