@@ -2,12 +2,15 @@
 
 A small table measured by ``hpcpar calibrate`` (block size x message size x stride ->
 seconds for each method, between two ranks) decides; the nearest measured class in log
-scale is used. Without a table hpcpar packs messages larger than ``SMALL_MESSAGE_BYTES``: on
-this project's machines its packer beats the MPI library's datatype engine on the
-irregular layouts it was measured on (a 1 MiB vector of 8-byte blocks: round trip
-0.79 ms packed, 2.4 ms by MPICH's datatype); smaller ones go as the datatype, since
-packing in Python costs more than such a message (64 B - 1 KiB: 8-9 us a round trip
-against 26-28 packed, for a datatype; BENCHMARKS.md, datatypes, session 11).
+scale is used. Without a table hpcpar packs messages larger than ``SMALL_MESSAGE_BYTES``,
+the choice whose worst case is mild: between two ranks on this project's machine, zero
+copy (MPI walking hpcpar's rebuilt datatype) was 1.5-2.9x faster on regular layouts
+(the z face of a 96^3 block, the interior, 16 MB vectors), but up to 2x slower on some
+at four ranks on two cores, and 30x slower on irregular ones (131,072 blocks of 8 B at
+random places: 33 ms a round trip against 1.1 ms packed; BENCHMARKS.md, datatypes,
+session 13). Smaller messages go as the datatype, since packing in Python costs more
+than such a message (64 B - 1 KiB: 8-9 us a round trip against 26-28 packed, for a
+datatype; session 11).
 
 GPU arrays travel through host memory, by one of two methods (``device_send_method``):
 ``staged``, one ``cudaMemcpy2D`` between the view and host memory where the layout is
