@@ -169,8 +169,7 @@ def block_op(
         word //= 2
     at, length = b.in_words(word, lo)
     step = extent // word
-    kind = "mixed" if not isinstance(length, int) else "words" if length == 1 else "even"
-    loop = _numba_loop("blocks", pack, kind)
+    loop = _numba_loop("blocks", pack, isinstance(length, int))
     if loop is not None:
         copy = functools.partial(loop, at, length, count, step)
     else:

@@ -21,6 +21,7 @@ for numpy's copy and 113-115 for MPICH's Pack; of a 96^3 block 28-35 against 34-
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from llvmlite import ir
@@ -199,85 +200,53 @@ def loop(ndim: int, streaming: bool) -> Any:
 
 
 @_JIT
-def _gather_blocks(at: Any, length: Any, count: int, step: int, dst: Any, src: Any) -> None:
+def _mixed(gather: bool, at: Any, length: Any, count: int, step: int, dst: Any, src: Any) -> None:
     k = 0
     for e in range(count):
         base = e * step
         for b in range(at.shape[0]):
-            s = base + at[b]
-            for i in range(length[b]):
-                dst[k + i] = src[s + i]
+            u = base + at[b]
+            if gather:
+                for i in range(length[b]):
+                    dst[k + i] = src[u + i]
+            else:
+                for i in range(length[b]):
+                    dst[u + i] = src[k + i]
             k += length[b]
 
 
 @_JIT
-def _scatter_blocks(at: Any, length: Any, count: int, step: int, dst: Any, src: Any) -> None:
+def _even(gather: bool, at: Any, n: int, count: int, step: int, dst: Any, src: Any) -> None:
     k = 0
     for e in range(count):
         base = e * step
+        if n == 1:  # single words: no inner loop (4,096 scattered 8 B: 1.8 against 6.9 us)
+            if gather:
+                for b in range(at.shape[0]):
+                    dst[k + b] = src[base + at[b]]
+            else:
+                for b in range(at.shape[0]):
+                    dst[base + at[b]] = src[k + b]
+            k += at.shape[0]
+            continue
         for b in range(at.shape[0]):
-            d = base + at[b]
-            for i in range(length[b]):
-                dst[d + i] = src[k + i]
-            k += length[b]
-
-
-@_JIT
-def _gather_even(at: Any, n: int, count: int, step: int, dst: Any, src: Any) -> None:
-    k = 0
-    for e in range(count):
-        base = e * step
-        for b in range(at.shape[0]):
-            s = base + at[b]
-            for i in range(n):
-                dst[k + i] = src[s + i]
+            u = base + at[b]
+            if gather:
+                for i in range(n):
+                    dst[k + i] = src[u + i]
+            else:
+                for i in range(n):
+                    dst[u + i] = src[k + i]
             k += n
 
 
-@_JIT
-def _scatter_even(at: Any, n: int, count: int, step: int, dst: Any, src: Any) -> None:
-    k = 0
-    for e in range(count):
-        base = e * step
-        for b in range(at.shape[0]):
-            d = base + at[b]
-            for i in range(n):
-                dst[d + i] = src[k + i]
-            k += n
-
-
-@_JIT
-def _gather_words(at: Any, n: int, count: int, step: int, dst: Any, src: Any) -> None:
-    k = 0
-    for e in range(count):
-        base = e * step
-        for b in range(at.shape[0]):
-            dst[k + b] = src[base + at[b]]
-        k += at.shape[0]
-
-
-@_JIT
-def _scatter_words(at: Any, n: int, count: int, step: int, dst: Any, src: Any) -> None:
-    k = 0
-    for e in range(count):
-        base = e * step
-        for b in range(at.shape[0]):
-            dst[base + at[b]] = src[k + b]
-        k += at.shape[0]
-
-
-def blocks(gather: bool, kind: str) -> Any:
+def blocks(gather: bool, even: bool) -> Any:
     """The block-list copy (``blocks.py``): ``copy(at, length, count, step, dst, src)``.
 
     Block ``b`` of element ``e`` lies ``e * step + at[b]`` words into the user's side;
-    the packed side is the blocks in order. ``kind``: ``"mixed"`` (``length[b]`` words
-    each), ``"even"`` (``length`` words each, one number), ``"words"`` (single words: no
-    inner loop; 4,096 scattered 8 B blocks 4.4 against 6.9 us). Gather packs (``src``
-    the user's), scatter unpacks.
+    the packed side is the blocks in order. ``even``: ``length`` is one number, every
+    block's length in words, else ``length[b]`` is block ``b``'s. Gather packs (``src``
+    the user's), scatter unpacks; the branch on it stays outside the loops' hot paths
+    (as fast as a loop of each kind: 1.76 against 1.80 us, 24.6 against 23.6).
     """
-    loops = {
-        "words": (_gather_words, _scatter_words),
-        "even": (_gather_even, _scatter_even),
-        "mixed": (_gather_blocks, _scatter_blocks),
-    }[kind]
-    return loops[0] if gather else loops[1]
+    return functools.partial(_even if even else _mixed, gather)

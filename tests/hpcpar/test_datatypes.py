@@ -110,6 +110,15 @@ def area_for(dt, count, seed):
     return area, origin
 
 
+def assert_unpacks_like_mpi(p, dt, packed, area, origin, count):
+    """``p.unpack`` of ``packed`` writes what ``MPI.Datatype.Unpack`` writes, nothing else."""
+    ours, theirs = np.zeros_like(area), np.zeros_like(area)
+    p.unpack(packed, ours, count=count, origin=origin)
+    extent = dt.Get_extent()[1]
+    dt.Unpack(packed, 0, theirs[origin : origin + count * extent], MPI.COMM_SELF)
+    assert ours.tobytes() == theirs.tobytes()
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(tree=datatypes_trees(), count=st.integers(1, 3), seed=st.integers(0, 1000))
 def test_pack_and_unpack_match_mpi(tree, count, seed):
@@ -123,11 +132,7 @@ def test_pack_and_unpack_match_mpi(tree, count, seed):
         want = mpi_pack(committed, area, origin, count)
         got = p.pack(area, count=count, origin=origin)
         assert got.tobytes() == want.tobytes()
-        ours, theirs = np.zeros_like(area), np.zeros_like(area)
-        p.unpack(got, ours, count=count, origin=origin)
-        extent = committed.Get_extent()[1]
-        committed.Unpack(want, 0, theirs[origin : origin + count * extent], MPI.COMM_SELF)
-        assert ours.tobytes() == theirs.tobytes()
+        assert_unpacks_like_mpi(p, committed, got, area, origin, count)
         mine = p.to_mpi()  # the plan's own MPI datatype packs the same bytes
         try:
             assert mpi_pack(mine, area, origin, count).tobytes() == want.tobytes()
@@ -862,11 +867,7 @@ def test_irregular_layouts_take_the_block_loop_and_match_mpi(
             want = mpi_pack(dt, area, origin, count)
             assert p.pack(area, out, count=count, origin=origin).tobytes() == want.tobytes()
             assert p.pack(area, count=count, origin=origin).tobytes() == want.tobytes()
-            ours, theirs = np.zeros_like(area), np.zeros_like(area)
-            p.unpack(out, ours, count=count, origin=origin)
-            extent = dt.Get_extent()[1]
-            dt.Unpack(want, 0, theirs[origin : origin + count * extent], MPI.COMM_SELF)
-            assert ours.tobytes() == theirs.tobytes()
+            assert_unpacks_like_mpi(p, dt, out, area, origin, count)
         blocks_used = p._memo["blocks"]
         assert blocks_used is not None and blocks_used.at.size >= 8  # the block loop ran
         with pytest.raises(DatatypeError, match="reach bytes"):  # nothing past the buffer
@@ -900,10 +901,6 @@ def test_random_indexed_layouts_pack_and_unpack_like_mpi(lengths, gaps, shuffle,
         area, origin = area_for(dt, count, seed=len(lengths))
         want = mpi_pack(dt, area, origin, count)
         assert p.pack(area, count=count, origin=origin).tobytes() == want.tobytes()
-        ours, theirs = np.zeros_like(area), np.zeros_like(area)
-        p.unpack(want, ours, count=count, origin=origin)
-        extent = dt.Get_extent()[1]
-        dt.Unpack(want, 0, theirs[origin : origin + count * extent], MPI.COMM_SELF)
-        assert ours.tobytes() == theirs.tobytes()
+        assert_unpacks_like_mpi(p, dt, want, area, origin, count)
     finally:
         dt.Free()
