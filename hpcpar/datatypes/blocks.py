@@ -92,9 +92,11 @@ def blocks_of(kernels: list[Kernel]) -> Blocks:
     Kernels inside a repeat interleave in pack order, so all blocks are sorted by their
     packed offset, which then runs without gaps.
     """
-    sources, packed, lengths = [], [], []
-    for k in kernels:
-        if k.empty:
+    live = [k for k in kernels if not k.empty]
+    flat = [k for k in live if len(k.dims) <= 1]  # all at once (most of a scattered layout)
+    sources, packed, lengths = _expand_flat(flat) if flat else ([], [], [])
+    for k in live:
+        if len(k.dims) <= 1:
             continue
         src = np.array([k.src], np.int64)
         dst = np.array([k.dst], np.int64)
@@ -129,6 +131,17 @@ def blocks_of(kernels: list[Kernel]) -> Blocks:
     while unit > 1 and (np.any(at % unit) or np.any(length % unit)):
         unit //= 2
     return Blocks(at, length, int(at.min()), int((at + length).max()), unit, int(ends[-1]))
+
+
+def _expand_flat(kernels: list[Kernel]) -> tuple[list[Any], list[Any], list[Any]]:
+    """The blocks of kernels of at most one dimension, in numpy operations, not per kernel."""
+    fields = np.array([(k.src, k.dst, k.size, *(k.dims[0] if k.dims else (1, 0, 0)))
+                       for k in kernels], np.int64).reshape(-1, 6)  # fmt: skip
+    src, dst, size, count, src_stride, dst_stride = fields.T
+    step = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    at = np.repeat(src, count) + step * np.repeat(src_stride, count)
+    to = np.repeat(dst, count) + step * np.repeat(dst_stride, count)
+    return [at], [to], [np.repeat(size, count)]
 
 
 def _cut(at: np.ndarray, length: np.ndarray, piece: int) -> np.ndarray:
