@@ -24,7 +24,10 @@ With ``--gpu`` (cupy and a GPU), the faces and the interior of an N^3 cupy array
 (``cupy.ascontiguousarray``, the peer), and ``hpcpar-staged`` (the view's bytes into
 pinned host memory, by one 2D copy where the layout allows, as ``hpcpar.send`` moves
 them) against ``cupy-get`` (``view.get()``); ``hpcpar-device-unpack`` against cupy's
-strided assignment. Each GPU variant synchronises the stream in every call.
+strided assignment; and the irregular case of 4,096 8 B blocks: ``hpcpar-device`` (one
+``block_copy`` launch) against ``cupy-take`` (``cupy.take`` of the doubles at a
+precomputed index), and its unpack against ``cupy-put``. Each GPU variant synchronises
+the stream in every call.
 """
 
 from __future__ import annotations
@@ -314,6 +317,65 @@ def _gpu_variants(whole: np.ndarray, index: Callable[[Any], Any]) -> list[Varian
     ]  # fmt: skip
 
 
+def _gpu_irregular_variants(whole: np.ndarray, gather: Gather, dt: Any) -> list[Variant]:
+    """GPU variants for an irregular layout, on a device copy of ``whole``.
+
+    hpcpar's one-launch block copy against cupy's ``take`` and indexed assignment of the
+    doubles at a precomputed index (the peer), both checked against MPI's packed bytes.
+    """
+    import cupy
+    from mpi4py import MPI
+
+    from ..datatypes import plan
+    from ..datatypes.gpu import pack_device, unpack_device
+
+    p = plan(dt)
+    device_whole = cupy.asarray(whole)
+    area = device_whole.reshape(-1).view(cupy.uint8)
+    index = cupy.asarray(gather.index)
+    reference = np.empty(p.size, np.uint8)
+    dt.Pack(whole.reshape(-1).view(np.uint8), reference, 0, MPI.COMM_SELF)
+    stream = cupy.cuda.get_current_stream()
+    packed = cupy.asarray(reference)
+    doubles = packed.view(whole.dtype)
+    scratch = cupy.zeros_like(device_whole)
+    scratch_area = scratch.reshape(-1).view(cupy.uint8)
+
+    def synced(run: Callable[[], Any]) -> Callable[[], Any]:
+        def call() -> Any:
+            result = run()
+            stream.synchronize()
+            return result
+
+        return call
+
+    def pack(run: Callable[[], Any]) -> Callable[[int], Any]:
+        def make(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+            check = lambda: cupy.asnumpy(run()).reshape(-1).view(np.uint8).tobytes()  # noqa: E731
+            return synced(run), (lambda: check() == reference.tobytes())
+
+        return make
+
+    def unpack(run: Callable[[], Any]) -> Callable[[int], Any]:
+        def make(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+            def check() -> bool:
+                scratch.fill(0)
+                run()
+                got = cupy.asnumpy(scratch).reshape(-1)
+                return bool(np.array_equal(got[gather.index], whole.reshape(-1)[gather.index]))
+
+            return synced(run), check
+
+        return make
+
+    return [
+        Variant("hpcpar-device", pack(lambda: pack_device(p, area))),
+        Variant("cupy-take", pack(lambda: cupy.take(device_whole, index))),
+        Variant("hpcpar-device-unpack", unpack(lambda: unpack_device(p, packed, scratch_area))),
+        Variant("cupy-put", unpack(lambda: scratch.reshape(-1).__setitem__(index, doubles))),
+    ]
+
+
 def _roof() -> list[tuple[int, float]]:
     src, dst = np.ones(1 << 27), np.empty(1 << 27)  # 1 GiB each: a 2 GiB working set
     out = []
@@ -499,6 +561,25 @@ def _case(
     return [{**m.as_dict(), "case": name, **(traffic or {})} for m in rows]
 
 
+def _gpu_cases(comm: Any, args: argparse.Namespace, say: Callable[..., Any]) -> list[Any]:
+    """The GPU cases: faces and interior of an N^3 cupy array, and an irregular layout."""
+    results = []
+    whole = np.random.default_rng(0).random((args.n, args.n, args.n))
+    for name, index in _GPU_CASES:
+        variants = _gpu_variants(whole, index)
+        case = (f"GPU {name}", f"GPU {name}")
+        results += _case(comm, args, say, case, variants, index(whole).nbytes,
+                         "cupy-contiguous")  # fmt: skip
+    for name, make in _cases(args.n):  # the smallest irregular case (the kernel: one launch)
+        if name.startswith("indexed: 4096 blocks of 8 B"):
+            raw, (gather, dt) = make()
+            variants = _gpu_irregular_variants(raw, gather, dt)
+            case = (f"GPU {name}", f"GPU {name}")
+            results += _case(comm, args, say, case, variants, dt.Get_size(), "cupy-take")
+            dt.Free()
+    return results
+
+
 def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     from ..datatypes import plan
     from ..errors import UsageError
@@ -529,12 +610,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
                          traffic)  # fmt: skip
         dt.Free()
     if args.gpu:
-        whole = np.random.default_rng(0).random((args.n, args.n, args.n))
-        for name, index in _GPU_CASES:
-            variants = _gpu_variants(whole, index)
-            case = (f"GPU {name}", f"GPU {name}")
-            results += _case(comm, args, say, case, variants, index(whole).nbytes,
-                             "cupy-contiguous")  # fmt: skip
+        results += _gpu_cases(comm, args, say)
     if comm.Get_size() > 1:
         title = f"3D halo exchange, {args.n}^3 per rank, width 1, periodic (peer: pack+Sendrecv)"
         size = 6 * args.n * args.n * 8

@@ -61,10 +61,10 @@ def test_gpu_datatype_benchmark_runs_on_the_standin(tmp_path):
            "--max-iterations", "3", "--output", str(out))  # fmt: skip
     rows = [r for r in json.loads(out.with_suffix(".json").read_text())["results"]
             if r["case"].startswith("GPU ")]  # fmt: skip
-    assert len({r["case"] for r in rows}) == 4 and all(r["valid"] for r in rows)
+    assert len({r["case"] for r in rows}) == 5 and all(r["valid"] for r in rows)
     assert {r["variant"] for r in rows} == {
         "hpcpar-device", "cupy-contiguous", "hpcpar-staged", "cupy-get",
-        "hpcpar-device-unpack", "cupy-unpack",
+        "hpcpar-device-unpack", "cupy-unpack", "cupy-take", "cupy-put",
     }  # fmt: skip
 
 
