@@ -107,6 +107,10 @@ def replicate(items: tuple[Item, ...], count: int, stride: int) -> tuple[Item, .
 
 
 def _strided(s: Strided) -> Strided:
+    if not s.counts and s.size:  # a plain block (most of an irregular layout) is canonical
+        return s
+    if len(s.counts) == 1 and s.size and s.counts[0] > 1 and s.strides[0] != s.size:
+        return s  # one dimension that neither folds nor drops
     counts, strides, size = list(s.counts), list(s.strides), s.size
     changed = True
     while changed:
