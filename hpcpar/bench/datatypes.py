@@ -33,6 +33,7 @@ the stream in every call.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -258,6 +259,17 @@ _GPU_CASES: list[tuple[str, Callable[[Any], Any]]] = [
 ]
 
 
+def _synced(stream: Any, run: Callable[[], Any]) -> Callable[[], Any]:
+    """``run`` followed by a synchronisation of ``stream`` (each GPU variant's call)."""
+
+    def call() -> Any:
+        result = run()
+        stream.synchronize()
+        return result
+
+    return call
+
+
 def _gpu_variants(whole: np.ndarray, index: Callable[[Any], Any]) -> list[Variant]:
     """GPU variants for one view (``index`` of the whole array), on a device copy."""
     import cupy
@@ -271,13 +283,7 @@ def _gpu_variants(whole: np.ndarray, index: Callable[[Any], Any]) -> list[Varian
     reference = np.ascontiguousarray(view).reshape(-1).view(np.uint8)
     p, area, origin = device_view(device)
 
-    def synced(run: Callable[[], Any]) -> Callable[[], Any]:
-        def call() -> Any:
-            result = run()
-            stream.synchronize()
-            return result
-
-        return call
+    synced = functools.partial(_synced, stream)
 
     def on_host(result: Any) -> np.ndarray:
         host = result if isinstance(result, np.ndarray) else cupy.asnumpy(result)
@@ -341,13 +347,7 @@ def _gpu_irregular_variants(whole: np.ndarray, gather: Gather, dt: Any) -> list[
     scratch = cupy.zeros_like(device_whole)
     scratch_area = scratch.reshape(-1).view(cupy.uint8)
 
-    def synced(run: Callable[[], Any]) -> Callable[[], Any]:
-        def call() -> Any:
-            result = run()
-            stream.synchronize()
-            return result
-
-        return call
+    synced = functools.partial(_synced, stream)
 
     def pack(run: Callable[[], Any]) -> Callable[[int], Any]:
         def make(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
