@@ -20,12 +20,13 @@ byte the blocks reach (the plan checks them first, with a clear error).
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .kernels import Kernel, _numba_loop
+from .kernels import PARALLEL_BYTES, Kernel, _numba_loop, _threads, run_parts
 
 __all__ = ["Blocks", "blocks_of", "block_op", "worth_blocks", "MANY_KERNELS", "SMALL_KERNEL_BYTES"]
 
@@ -62,6 +63,14 @@ class Blocks:
             piece = int(np.gcd.reduce(self.length)) if self.length.size else 1
             known = self._in_words["even", 0] = (_cut(self.at, self.length, piece), piece)
         return known
+
+    def packed_ends(self, word: int) -> np.ndarray:
+        """Packed ``word``-byte words before each block, then the total (cached)."""
+        known = self._in_words.get(("ends", word))
+        if known is None:
+            ends = np.concatenate(([0], np.cumsum(self.length // word)))
+            known = self._in_words["ends", word] = (ends, None)
+        return known[0]
 
     def in_words(self, word: int, start: int) -> tuple[np.ndarray, Any]:
         """Offsets from byte ``start`` in ``word``-byte words, and the lengths in words.
@@ -183,12 +192,58 @@ def block_op(
     at, length = b.in_words(word, lo)
     step = extent // word
     loop = _numba_loop("blocks", pack, isinstance(length, int))
-    if loop is not None:
-        copy = functools.partial(loop, at, length, count, step)
-    else:
+    if loop is None:
         index = _word_index(at, length, count, step)
         copy = functools.partial(_take if pack else _put, index)
+    elif size * count >= PARALLEL_BYTES and _threads() > 1:
+        parts = _parts(loop, b, word, count, step, user, flat, pack)
+        copy = functools.partial(_run_parts, parts)
+    else:
+        copy = functools.partial(loop, at, length, count, step)
     return (copy, flat, user) if pack else (copy, user, flat)
+
+
+def _parts(
+    loop: Any, b: Blocks, word: int, count: int, step: int, user: Any, flat: Any, pack: bool
+) -> list[tuple[Any, Any, Any]]:
+    """The copy split over this rank's share of the cores: ``(copy, dst, src)`` per part.
+
+    One element: its blocks in runs of about equal packed words; several (a positive
+    step): runs of elements. The packed side of a part is its own slice; the user's
+    side is all of it (a run of elements: from its first element on).
+    16 MB of scattered 8 B blocks on two threads: 1.80 ms against 3.12 on one.
+    """
+    at, length = b.in_words(word, b.lo)
+    threads = _threads()
+    if count == 1:
+        ends = b.packed_ends(word)  # packed words before each block, and the total
+        total = int(ends[-1])
+        cuts = [int(np.searchsorted(ends, total * i // threads)) for i in range(threads + 1)]
+        parts = []
+        for a, z in itertools.pairwise(cuts):
+            if z == a:
+                continue
+            lengths = length if isinstance(length, int) else length[a:z]
+            copy = functools.partial(loop, at[a:z], lengths, 1, step)
+            packed = flat[int(ends[a]) : int(ends[z])]
+            parts.append((copy, packed, user) if pack else (copy, user, packed))
+        return parts
+    whole = functools.partial(loop, at, length, count, step)
+    if step <= 0:  # elements that run backwards or on the spot: one part
+        return [(whole, flat, user) if pack else (whole, user, flat)]
+    per = flat.size // count
+    cuts = sorted({count * i // threads for i in range(threads + 1)})
+    parts = []
+    for a, z in itertools.pairwise(cuts):
+        copy = functools.partial(loop, at, length, z - a, step)
+        packed, mine = flat[a * per : z * per], user[a * step :]
+        parts.append((copy, packed, mine) if pack else (copy, mine, packed))
+    return parts
+
+
+def _run_parts(parts: list[tuple[Any, Any, Any]], dst: Any, src: Any) -> None:
+    """The block copy as ``_parts`` split it (``dst`` and ``src``: in the parts already)."""
+    run_parts(parts)
 
 
 def _word_index(at: np.ndarray, length: Any, count: int, step: int) -> np.ndarray:

@@ -479,18 +479,26 @@ def _parallel_copy(dst: np.ndarray, src: np.ndarray, copy: Any = np.copyto) -> N
 
 def _on_threads(copy: Any, dst: np.ndarray, src: np.ndarray, cuts: Any) -> None:
     """``copy(dst[a:b], src[a:b])`` per cut: the first on this thread, the rest on helpers."""
-    spans = [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
-    if not spans:
+    run_parts([(copy, dst[a:b], src[a:b]) for a, b in itertools.pairwise(cuts) if b > a])
+
+
+def run_parts(parts: list[tuple[Any, np.ndarray, np.ndarray]]) -> None:
+    """``copy(dst, src)`` for each part: the first on this thread, the rest on helpers.
+
+    A helper's failure is raised here, after every part has finished.
+    """
+    if not parts:
         return
-    if len(spans) > 1 and not _pool:
+    if len(parts) > 1 and not _pool:
         _pool.extend(_Helper() for _ in range(max(1, _threads() - 1)))
     done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
-    for k, (a, b) in enumerate(spans[1:]):
-        _pool[k % len(_pool)].jobs.put((copy, dst[a:b], src[a:b], done))
+    for k, (copy, dst, src) in enumerate(parts[1:]):
+        _pool[k % len(_pool)].jobs.put((copy, dst, src, done))
     try:
-        copy(dst[spans[0][0] : spans[0][1]], src[spans[0][0] : spans[0][1]])
+        copy, dst, src = parts[0]
+        copy(dst, src)
     finally:
-        failures = [done.get() for _ in spans[1:]]
+        failures = [done.get() for _ in parts[1:]]
     for failure in failures:
         if failure is not None:
             raise failure

@@ -904,3 +904,26 @@ def test_random_indexed_layouts_pack_and_unpack_like_mpi(lengths, gaps, shuffle,
         assert_unpacks_like_mpi(p, dt, want, area, origin, count)
     finally:
         dt.Free()
+
+
+@pytest.mark.parametrize("count", [1, 3])
+@pytest.mark.parametrize("kind", ["scattered 8 B blocks", "mixed lengths", "nested indexed"])
+def test_large_irregular_copies_split_over_threads_exactly(kind, count, monkeypatch):
+    """Blocks split into runs (one element) or elements into runs (several), 3 parts."""
+    from hpcpar.datatypes import blocks
+
+    monkeypatch.setattr(blocks, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(blocks, "_threads", lambda: 3)
+    split = []
+    real = blocks._parts
+    monkeypatch.setattr(blocks, "_parts", lambda *a: split.append(real(*a)) or split[-1])
+    dt = _irregular(kind).Commit()
+    try:
+        p = datatypes.plan(dt)
+        area, origin = area_for(dt, count, seed=5)
+        want = mpi_pack(dt, area, origin, count)
+        assert p.pack(area, count=count, origin=origin).tobytes() == want.tobytes()
+        assert_unpacks_like_mpi(p, dt, want, area, origin, count)
+        assert split and all(len(parts) == 3 for parts in split)  # the copies were split
+    finally:
+        dt.Free()
