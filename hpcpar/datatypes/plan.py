@@ -171,7 +171,8 @@ class Plan:
         else:
             area = _bytes_of(src, "src", writable=False)
             self._bounds(area, origin, count, "src")
-            ops = self._copy(area, packed, origin, count, pack=True, keys=(src, out))
+            keys = (src, out) if out is not None else None  # a new buffer: copied once
+            ops = self._copy(area, packed, origin, count, pack=True, keys=keys)
         if out is not None:  # remember the buffers: a loop packing them again skips the checks
             again = replay(ops)
             self._last.pack = (src, out, count, origin, again, packed, *assignment(again))
