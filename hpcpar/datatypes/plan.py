@@ -289,12 +289,20 @@ class Plan:
         dt.Free()
         return resized.Commit()
 
-    def describe(self) -> str:
-        """The layout as text: one line per item, dimensions outermost first."""
+    def describe(self, limit: int | None = 40) -> str:
+        """The layout as text: one line per item, dimensions outermost first.
+
+        At most ``limit`` lines of items (None: all), then how many more there are: an
+        irregular layout has thousands.
+        """
         what = self.source or "a layout"
         lines = [f"plan of {what}: {self.size} bytes packed, lb {self.lb}, extent {self.extent}"]
-        lines += _describe(self.items, "  ")
-        return "\n".join(lines)
+        items = _describe(self.items, "  ")
+        if limit is not None and len(items) > limit:
+            blocks = self._block_list()
+            many = f" ({blocks.at.size:,} blocks: copied by the block loop)" if blocks else ""
+            items = [*items[:limit], f"  ... {len(items) - limit:,} more lines{many}"]
+        return "\n".join(lines + items)
 
 
 @lru_cache(maxsize=256)

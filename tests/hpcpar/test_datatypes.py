@@ -927,3 +927,19 @@ def test_large_irregular_copies_split_over_threads_exactly(kind, count, monkeypa
         assert split and all(len(parts) == 3 for parts in split)  # the copies were split
     finally:
         dt.Free()
+
+
+def test_describe_of_an_irregular_plan_is_capped():
+    dt = _irregular("scattered 8 B blocks").Commit()
+    try:
+        p = datatypes.plan(dt)
+        everything = p.describe(limit=None).splitlines()
+        short = p.describe().splitlines()
+        assert len(everything) > 100 and len(short) == 42  # the header, 40 items, the rest
+        assert short[:41] == everything[:41]
+        assert (
+            short[-1]
+            == f"  ... {len(everything) - 41:,} more lines (500 blocks: copied by the block loop)"
+        )
+    finally:
+        dt.Free()
