@@ -33,6 +33,7 @@ __all__ = [
     "run_copies",
     "replay",
     "copy_array",
+    "user_view",
 ]
 
 _WORDS = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
@@ -550,6 +551,31 @@ class _Helper:
 
 if hasattr(os, "register_at_fork"):  # a forked child has none of these threads
     os.register_at_fork(after_in_child=_pool.clear)
+
+
+def user_view(k: Kernel, area: np.ndarray, keep: Any, origin: int) -> np.ndarray:
+    """The user's side of kernel ``k`` in ``area`` (origin at byte ``origin``), as a view.
+
+    Its shape is the kernel's counts and the block's words, so its C-order copy is the
+    packed bytes. Kept for the last ``_RECENT_MAX`` buffers (``keep``: the caller's own
+    object, held while its entry is; a read-only and a writable ``area`` are separate).
+    """
+    key = (id(k), id(keep), origin, area.size, area.flags.writeable)
+    hit = _USER_VIEWS.get(key)
+    if hit is not None and hit[0] is k and hit[1] is keep:
+        return hit[2]
+    for w in k.words:
+        shape, src_strides, _ = k.shapes[w]
+        view = np.ndarray(shape, _WORDS[w], buffer=area, offset=origin + k.src, strides=src_strides)
+        if w == 1 or view.flags.aligned:
+            break
+    if len(_USER_VIEWS) >= _RECENT_MAX:
+        _USER_VIEWS.pop(next(iter(_USER_VIEWS)))
+    _USER_VIEWS[key] = (k, keep, view)
+    return view
+
+
+_USER_VIEWS: dict[tuple[Any, ...], tuple[Any, Any, np.ndarray]] = {}
 
 
 # The strided views of recent (kernels, buffers) pairs: building them costs more than a

@@ -26,6 +26,7 @@ from .kernels import (
     flatten,
     replay,
     run_copies,
+    user_view,
 )
 from .mpitype import mpi_items
 
@@ -160,17 +161,18 @@ class Plan:
                 return packed
         self._check(count)
         need = self.size * count
-        packed = _out_buffer(out, need)
-        if (
-            self.view_shape is not None
-            and origin == 0
-            and count == 1
-            and isinstance(src, np.ndarray)
-        ):
-            ops = _pack_view(self, src, packed)
-        else:
+        view = self.view_shape is not None and origin == 0 and count == 1
+        view = view and isinstance(src, np.ndarray)
+        if not view:
             area = _bytes_of(src, "src", writable=False)
             self._bounds(area, origin, count, "src")
+            user = self._as_view(area, src, origin, count) if out is None else None
+            if user is not None:  # into a new buffer, as that view would be
+                return shared_plan(user).pack(user)
+        packed = _out_buffer(out, need)
+        if view:
+            ops = _pack_view(self, src, packed)
+        else:
             keys = (src, out) if out is not None else None  # a new buffer: copied once
             ops = self._copy(area, packed, origin, count, pack=True, keys=keys)
         if out is not None:  # remember the buffers: a loop packing them again skips the checks
@@ -241,6 +243,11 @@ class Plan:
             if np.may_share_memory(area, packed) and np.shares_memory(area, packed):
                 raise DatatypeError("dst and buf overlap; unpack into separate memory")
             self._bounds(area, origin, count, "dst")
+            user = self._as_view(area, dst, origin, count) if not remember else None
+            if user is not None:  # a message received: copied once, as into that view
+                typed = packed[:need].view(user.dtype).reshape(user.shape)
+                unpack_view_once(shared_plan(user), typed, user)
+                return dst
             keys = (dst, buf) if remember else None
             ops = self._copy(area, packed[:need], origin, count, pack=False, keys=keys)
         if remember:
@@ -262,6 +269,23 @@ class Plan:
         op = block_op(blocks, area, packed, origin, count, self.extent, self._reach(count), pack)
         run_copies([op])
         return [op]
+
+    def _as_view(self, area: np.ndarray, keep: Any, origin: int, count: int) -> Any:
+        """``count`` elements in ``area`` as one strided numpy view, when one kernel is all.
+
+        Packs into new buffers and unpacks of received messages then run as the view's
+        plan would (y face of a 96^3 block: 3.0 us a pack against 6.2 through the
+        kernel's two views and choice); the view is kept per buffer (``user_view``).
+        None for irregular layouts, single blocks, several kernels and zero strides.
+        """
+        if self._block_list() is not None:
+            return None
+        kernels = self._kernels(count)
+        if len(kernels) != 1 or kernels[0].empty or not kernels[0].dims:
+            return None
+        if any(stride == 0 for _, stride, _ in kernels[0].dims):
+            return None  # the same bytes again (a view refuses zero strides)
+        return user_view(kernels[0], area, keep, origin)
 
     def _block_list(self) -> Any:
         """The element's ``blocks.Blocks`` when the layout is irregular (many small kernels)."""

@@ -111,12 +111,17 @@ def area_for(dt, count, seed):
 
 
 def assert_unpacks_like_mpi(p, dt, packed, area, origin, count):
-    """``p.unpack`` of ``packed`` writes what ``MPI.Datatype.Unpack`` writes, nothing else."""
-    ours, theirs = np.zeros_like(area), np.zeros_like(area)
+    """``p.unpack`` of ``packed`` writes what ``MPI.Datatype.Unpack`` writes, nothing else.
+
+    Both as a repeated unpack and as one of a received message (copied once).
+    """
+    ours, once, theirs = np.zeros_like(area), np.zeros_like(area), np.zeros_like(area)
     p.unpack(packed, ours, count=count, origin=origin)
+    p._unpack(packed, once, count, origin, remember=False)
     extent = dt.Get_extent()[1]
     dt.Unpack(packed, 0, theirs[origin : origin + count * extent], MPI.COMM_SELF)
     assert ours.tobytes() == theirs.tobytes()
+    assert once.tobytes() == theirs.tobytes()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
