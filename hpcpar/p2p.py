@@ -265,8 +265,9 @@ def send(
     ``method`` for non-contiguous views and for datatypes: ``"pack"`` (copy into a
     contiguous buffer), ``"datatype"`` (zero copy: MPI walks hpcpar's own datatype of
     the layout, made once per layout), or ``"auto"`` (the measured table in the profile;
-    without one, datatypes up to 4 KiB and single blocks, packing above; see
-    ``datatypes.explain_send``); for GPU arrays
+    without one: up to 4 KiB and single blocks as datatypes, larger irregular layouts
+    packed, larger regular ones as datatypes unless the node has more ranks than cores;
+    see ``datatypes.explain_send``); for GPU arrays
     ``"staged"`` (a 2D copy into host memory), ``"device"`` (the pack kernel, then one
     copy) or ``"auto"``.
     """

@@ -2,15 +2,16 @@
 
 A small table measured by ``hpcpar calibrate`` (block size x message size x stride ->
 seconds for each method, between two ranks) decides; the nearest measured class in log
-scale is used. Without a table hpcpar packs messages larger than ``SMALL_MESSAGE_BYTES``,
-the choice whose worst case is mild: between two ranks on this project's machine, zero
-copy (MPI walking hpcpar's rebuilt datatype) was 1.5-2.9x faster on regular layouts
-(the z face of a 96^3 block, the interior, 16 MB vectors), but up to 2x slower on some
-at four ranks on two cores, and 30x slower on irregular ones (131,072 blocks of 8 B at
-random places: 33 ms a round trip against 1.1 ms packed; BENCHMARKS.md, datatypes,
-session 13). Smaller messages go as the datatype, since packing in Python costs more
-than such a message (64 B - 1 KiB: 8-9 us a round trip against 26-28 packed, for a
-datatype; session 11).
+scale is used. Without a table: messages up to ``SMALL_MESSAGE_BYTES`` go as the datatype,
+since packing in Python costs more than such a message (64 B - 1 KiB: 8-9 us a round
+trip against 26-28 packed; BENCHMARKS.md, datatypes, session 11); larger irregular
+layouts (many small blocks, ``Plan._block_list``) are packed, since MPI walking their
+blocks took 30x as long (131,072 blocks of 8 B at random places: 33 ms a round trip
+against 1.1 ms packed); larger regular ones go as the datatype (two ranks on two cores,
+96^3 block: z face 159 against 239 us packed, interior 1.73 against 3.04 ms, 16 MB
+vectors 1.4-1.9x; session 13), unless the node runs more ranks than it has cores: then
+MPI's pipelined datatype sends wait for the other rank's turn and packing is faster (four
+ranks on two cores: interior 5.04 against 3.25 ms, halo exchange 510 against 362 us).
 
 GPU arrays travel through host memory, by one of two methods (``device_send_method``):
 ``staged``, one ``cudaMemcpy2D`` between the view and host memory where the layout is
@@ -23,11 +24,13 @@ without one, a layout one 2D copy can move is staged and any other takes the ker
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
 from ..collectives.cost.profile import active_profile
 from .ir import Strided
+from .kernels import _local_ranks
 from .plan import Plan
 
 __all__ = ["send_method", "device_send_method", "explain_send", "typical_block"]
@@ -99,6 +102,11 @@ def _nearest(
     return min(table, key=distance)
 
 
+def oversubscribed() -> bool:
+    """Whether this node runs more ranks (as the launcher says) than it has cores."""
+    return _local_ranks() > (os.cpu_count() or 1)
+
+
 def send_method(p: Plan, count: int = 1, profile: Any = None) -> tuple[str, str]:
     """``("pack" | "datatype", reason)`` for sending ``count`` elements of ``p``.
 
@@ -125,8 +133,30 @@ def send_method(p: Plan, count: int = 1, profile: Any = None) -> tuple[str, str]
                 f"{SMALL_MESSAGE_BYTES} B: MPI walks the datatype, cheaper than packing in Python"
             ),
         )
+    elif row is None and p._block_list() is not None:
+        chosen = (
+            "pack",
+            (
+                "no measured send table (hpcpar calibrate records one); an irregular layout "
+                "(many small blocks): packing is far faster than MPI walking them"
+            ),
+        )
+    elif row is None and oversubscribed():
+        chosen = (
+            "pack",
+            (
+                "no measured send table (hpcpar calibrate records one); more ranks than cores "
+                "on this node: MPI's pipelined datatype sends wait for the other rank's turn"
+            ),
+        )
     elif row is None:
-        chosen = "pack", "no measured send table (hpcpar calibrate records one): pack"
+        chosen = (
+            "datatype",
+            (
+                "no measured send table (hpcpar calibrate records one); a regular layout: MPI "
+                "walks hpcpar's datatype of it, no copy in Python"
+            ),
+        )
     else:
         chosen = _choice(row, ("pack", "datatype"), (row[2], row[3]), nbytes)
     p._memo[("send method", count)] = (active, chosen)

@@ -505,6 +505,38 @@ def test_probe_agrees_with_decoding_on_simple_types():
     dt.Free()
 
 
+@pytest.mark.parametrize("crowded", [False, True])
+def test_without_a_table_regular_layouts_go_as_datatypes_irregular_ones_packed(
+    crowded, monkeypatch
+):
+    from hpcpar.collectives.cost.profile import default_profile
+    from hpcpar.datatypes import choose
+
+    monkeypatch.setattr(choose, "oversubscribed", lambda: crowded)
+    rows = 64 + 2 * crowded  # a layout of its own per case: the choice is kept per layout
+    regular = datatypes.plan(np.zeros((rows, 131072), np.uint8)[:, :65536])
+    method, reason = choose.send_method(regular, profile=default_profile())
+    assert method == ("pack" if crowded else "datatype")
+    assert ("more ranks than cores" in reason) == crowded
+    spots = np.sort(np.random.default_rng(rows).choice(8000, 1000, replace=False)) * 8
+    dt = MPI.BYTE.Create_hindexed_block(8, [int(x) for x in spots]).Commit()  # 8,000 B
+    try:
+        method, reason = choose.send_method(datatypes.plan(dt), profile=default_profile())
+        assert method == "pack" and "irregular" in reason
+    finally:
+        dt.Free()
+
+
+def test_oversubscribed_compares_the_launchers_ranks_with_the_nodes_cores(monkeypatch):
+    from hpcpar.datatypes import choose
+
+    monkeypatch.setattr(choose, "_local_ranks", lambda: 4)
+    monkeypatch.setattr(choose.os, "cpu_count", lambda: 2)
+    assert choose.oversubscribed()
+    monkeypatch.setattr(choose.os, "cpu_count", lambda: 4)
+    assert not choose.oversubscribed()
+
+
 def test_send_method_follows_the_measured_table():
     from hpcpar.collectives.cost.profile import ProfileError, default_profile, profile_from_json
     from hpcpar.datatypes.choose import send_method
@@ -521,9 +553,8 @@ def test_send_method_follows_the_measured_table():
     assert method == "datatype"  # 32 KiB of 8 B blocks: half the measured class's bytes
     assert "predicted for 32768 B: pack 100.0 us, datatype 50.0 us" in reason
     assert send_method(big, profile=profile)[0] == "pack"
-    assert send_method(big, profile=default_profile())[0] == "pack"  # no table: pack, ...
     tiny = datatypes.plan(np.zeros((64, 16), np.uint8)[:, :8])
-    assert send_method(tiny, profile=default_profile())[0] == "datatype"  # ... but 512 B
+    assert send_method(tiny, profile=default_profile())[0] == "datatype"  # no table: 512 B
     assert send_method(tiny, profile=profile)[0] == "datatype"  # the table's nearest class
     plane = MPI.DOUBLE.Create_subarray([8, 64, 64], [1, 64, 64], [3, 0, 0]).Commit()
     method, reason = send_method(datatypes.plan(plane), profile=default_profile())
