@@ -4,14 +4,15 @@ A small table measured by ``hpcpar calibrate`` (block size x message size x stri
 seconds for each method, between two ranks) decides; the nearest measured class in log
 scale is used. Without a table: messages up to ``SMALL_MESSAGE_BYTES`` go as the datatype,
 since packing in Python costs more than such a message (64 B - 1 KiB: 8-9 us a round
-trip against 26-28 packed; BENCHMARKS.md, datatypes, session 11); larger irregular
-layouts (many small blocks, ``Plan._block_list``) are packed, since MPI walking their
-blocks took 30x as long (131,072 blocks of 8 B at random places: 33 ms a round trip
-against 1.1 ms packed); larger regular ones go as the datatype (two ranks on two cores,
-96^3 block: z face 159 against 239 us packed, interior 1.73 against 3.04 ms, 16 MB
-vectors 1.4-1.9x; session 13), unless the node runs more ranks than it has cores: then
-MPI's pipelined datatype sends wait for the other rank's turn and packing is faster (four
-ranks on two cores: interior 5.04 against 3.25 ms, halo exchange 510 against 362 us).
+trip against 26-28 packed; BENCHMARKS.md, datatypes, session 11). Larger irregular
+layouts (many small blocks, ``Plan._block_list``) are packed, with a table too (it is
+measured on regular vectors): MPI walking their blocks took 30x as long (131,072
+blocks of 8 B at random places: 33 ms a round trip against 1.1 ms packed). Larger
+regular ones go as the datatype (two ranks on two cores, 96^3 block: z face 159 against
+239 us packed, interior 1.73 against 3.04 ms, 16 MB vectors 1.4-1.9x; session 13),
+unless the node runs more ranks than it has cores: then MPI's pipelined datatype sends
+wait for the other rank's turn and packing is faster (four ranks on two cores: interior
+5.04 against 3.25 ms, halo exchange 510 against 362 us).
 
 GPU arrays travel through host memory, by one of two methods (``device_send_method``):
 ``staged``, one ``cudaMemcpy2D`` between the view and host memory where the layout is
@@ -133,12 +134,13 @@ def send_method(p: Plan, count: int = 1, profile: Any = None) -> tuple[str, str]
                 f"{SMALL_MESSAGE_BYTES} B: MPI walks the datatype, cheaper than packing in Python"
             ),
         )
-    elif row is None and p._block_list() is not None:
+    elif nbytes > SMALL_MESSAGE_BYTES and p._block_list() is not None:
+        # before the table, which is measured on regular vectors
         chosen = (
             "pack",
             (
-                "no measured send table (hpcpar calibrate records one); an irregular layout "
-                "(many small blocks): packing is far faster than MPI walking them"
+                "an irregular layout (many small blocks): packing is far faster than MPI "
+                "walking them (131,072 blocks: 30x)"
             ),
         )
     elif row is None and oversubscribed():

@@ -509,7 +509,7 @@ def test_probe_agrees_with_decoding_on_simple_types():
 def test_without_a_table_regular_layouts_go_as_datatypes_irregular_ones_packed(
     crowded, monkeypatch
 ):
-    from hpcpar.collectives.cost.profile import default_profile
+    from hpcpar.collectives.cost.profile import default_profile, profile_from_json
     from hpcpar.datatypes import choose
 
     monkeypatch.setattr(choose, "oversubscribed", lambda: crowded)
@@ -523,6 +523,16 @@ def test_without_a_table_regular_layouts_go_as_datatypes_irregular_ones_packed(
     try:
         method, reason = choose.send_method(datatypes.plan(dt), profile=default_profile())
         assert method == "pack" and "irregular" in reason
+        # a measured table that favours datatypes for such blocks does not decide: it is
+        # measured on regular vectors
+        methods = {"send_methods": {"ranks": 2, "table": [[8, 8192, 1.0, 1e-6]]}}
+        doc = {**default_profile().to_json(), "mpi_library": methods}
+        fresh = MPI.BYTE.Create_hindexed_block(8, [int(x) + 8 for x in spots]).Commit()
+        try:
+            measured = profile_from_json(doc)
+            assert choose.send_method(datatypes.plan(fresh), profile=measured)[0] == "pack"
+        finally:
+            fresh.Free()
     finally:
         dt.Free()
 
