@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcpar.datatypes.kernels import copy_array
+from hpcpar.datatypes.threads import copy_array
 
 from .faults import Fault, disarm, parse_fault
 from .gpu import device_to_host, is_device_array, pinned_empty

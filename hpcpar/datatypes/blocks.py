@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import PARALLEL_BYTES, Kernel, _numba_loop, _threads, run_parts
+from .kernels import Kernel, _numba_loop
+from .threads import PARALLEL_BYTES, _threads, run_parts
 
 __all__ = ["Blocks", "blocks_of", "block_op", "worth_blocks", "MANY_KERNELS", "SMALL_KERNEL_BYTES"]
 

@@ -31,8 +31,8 @@ from typing import Any
 
 from ..collectives.cost.profile import active_profile
 from .ir import Strided
-from .kernels import _local_ranks
 from .plan import Plan
+from .threads import _local_ranks
 
 __all__ = ["send_method", "device_send_method", "explain_send", "typical_block"]
 

@@ -708,7 +708,7 @@ def test_gpu_packers_match_the_cpu_packer():
     ],
 )
 def test_copy_array_copies_exactly(src):
-    from hpcpar.datatypes.kernels import copy_array
+    from hpcpar.datatypes.threads import copy_array
 
     dst = np.zeros_like(src)
     copy_array(dst, src)
@@ -716,7 +716,7 @@ def test_copy_array_copies_exactly(src):
 
 
 def test_a_helper_threads_failure_reaches_the_caller_and_the_helpers_go_on():
-    from hpcpar.datatypes.kernels import _on_threads
+    from hpcpar.datatypes.threads import _on_threads
 
     src, dst = np.arange(40.0), np.zeros(40)
 
@@ -758,13 +758,13 @@ def test_repeated_packs_of_the_same_buffers_see_new_data(layout):
 
 
 def test_streaming_starts_at_an_eighth_of_this_ranks_share_of_the_cache(monkeypatch):
-    from hpcpar.datatypes import kernels
+    from hpcpar.datatypes import kernels, threads
 
     monkeypatch.setattr(kernels, "_last_level_cache", lambda: 32 << 20)
     for env, want in (({}, 4 << 20), ({"MPI_LOCALNRANKS": "2"}, 2 << 20),
                       ({"OMPI_COMM_WORLD_LOCAL_SIZE": "64"}, kernels.COMPILED_BYTES),
                       ({"PMI_LOCAL_SIZE": "x"}, 4 << 20)):  # fmt: skip
-        for name in kernels._LOCAL_RANKS:
+        for name in threads._LOCAL_RANKS:
             monkeypatch.delenv(name, raising=False)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
@@ -772,7 +772,7 @@ def test_streaming_starts_at_an_eighth_of_this_ranks_share_of_the_cache(monkeypa
 
 
 def test_copy_threads_are_this_ranks_share_of_the_cores(monkeypatch):
-    from hpcpar.datatypes import kernels
+    from hpcpar.datatypes import threads
     from hpcpar.runtime.env import usable_cores
 
     cores = usable_cores()
@@ -783,12 +783,12 @@ def test_copy_threads_are_this_ranks_share_of_the_cores(monkeypatch):
         ({"HPCPAR_COPY_THREADS": "3", "MPI_LOCALNRANKS": "64"}, 3),
         ({"HPCPAR_COPY_THREADS": "many"}, min(cores, 8)),  # not a count: ignored
     ):
-        for name in (*kernels._LOCAL_RANKS, "HPCPAR_COPY_THREADS"):
+        for name in (*threads._LOCAL_RANKS, "HPCPAR_COPY_THREADS"):
             monkeypatch.delenv(name, raising=False)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        monkeypatch.setattr(kernels, "_thread_count", [])
-        assert kernels._threads() == want, env
+        monkeypatch.setattr(threads, "_thread_count", [])
+        assert threads._threads() == want, env
 
 
 @pytest.mark.parametrize("kind", ["datatype", "view"])
