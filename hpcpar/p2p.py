@@ -25,7 +25,8 @@ from .collectives.buffers import is_device_array
 from .datatypes import DatatypeError, plan
 from .datatypes.choose import send_method
 from .datatypes.ir import shift
-from .datatypes.plan import Plan, _bytes_of, shared_plan, unpack_view_once
+from .datatypes.plan import Plan, _bytes_of, shared_plan
+from .datatypes.views import unpack_view_once
 from .runtime.comm import resolve_comm
 
 _BYTE = np.dtype(np.uint8)

@@ -19,16 +19,15 @@ from .decode import decode_layout
 from .errors import DatatypeError
 from .ir import Item, Repeat, Strided, canonical, packed_size, replicate, span
 from .kernels import (
-    WIDEN_BYTES,
     assignment,
     copy_kernels,
-    copy_op,
     flatten,
     replay,
     run_copies,
     user_view,
 )
 from .mpitype import mpi_items
+from .views import pack_view, pack_view_anew, unpack_view, unpack_view_once
 
 __all__ = ["Plan", "plan"]
 
@@ -142,7 +141,7 @@ class Plan:
                 and origin == 0
                 and isinstance(src, np.ndarray)
             ):
-                return _pack_view_anew(self, src)  # a new buffer in the view's own type
+                return pack_view_anew(self, src)  # a new buffer in the view's own type
         else:
             last_src, last_out, last_count, last_origin, again, packed, into, copied = (
                 self._last.pack
@@ -171,7 +170,7 @@ class Plan:
                 return shared_plan(user).pack(user)
         packed = _out_buffer(out, need)
         if view:
-            ops = _pack_view(self, src, packed)
+            ops = pack_view(self, src, packed)
         else:
             keys = (src, out) if out is not None else None  # a new buffer: copied once
             ops = self._copy(area, packed, origin, count, pack=True, keys=keys)
@@ -237,7 +236,7 @@ class Plan:
             and count == 1
             and isinstance(dst, np.ndarray)
         ):
-            ops = _unpack_view(self, packed, dst, once=not remember)
+            ops = unpack_view(self, packed, dst, once=not remember)
         else:
             area = _bytes_of(dst, "dst", writable=True)
             if np.may_share_memory(area, packed) and np.shares_memory(area, packed):
@@ -399,67 +398,6 @@ def _bytes_of(obj: Any, name: str, writable: bool) -> np.ndarray:
         if view.readonly
         else np.asarray(view).reshape(-1).view(np.uint8)
     )
-
-
-def _same_view(p: Plan, arr: np.ndarray) -> None:
-    if arr.shape != p.view_shape or arr.dtype != p.view_dtype:
-        raise DatatypeError(
-            f"this plan is for arrays of shape {p.view_shape} and dtype {p.view_dtype}"
-        )
-
-
-def _pack_view_anew(p: Plan, src: np.ndarray) -> np.ndarray:
-    """``pack(src)`` of a view plan into a new buffer (what ``hpcpar.send`` does)."""
-    dtype = src.dtype
-    if dtype is not p.view_dtype or src.shape != p.view_shape:
-        _same_view(p, src)
-    if (src.nbytes < WIDEN_BYTES and dtype.fields is None) or p._memo.get(("plain", src.strides)):
-        # numpy's own copy: small, or where ``copy_op`` chose it for these strides before
-        # (choosing again costs 0.5 us; reshape and view 0.15 each); not for records,
-        # whose padding numpy's copy would leave uninitialised
-        return src.copy().view(_BYTE) if src.ndim == 1 else np.frombuffer(src.copy(), _BYTE)
-    typed = np.empty(src.shape, src.dtype)
-    _copy_once(p, typed, src, src)
-    return typed.reshape(-1).view(np.uint8)
-
-
-def unpack_view_once(p: Plan, typed: np.ndarray, dst: np.ndarray) -> None:
-    """Copy ``typed`` (contiguous, the view's shape and dtype) into the view ``dst``."""
-    if p._memo.get(("plain", dst.strides)):
-        dst[...] = typed
-    else:
-        _copy_once(p, dst, typed, dst)
-
-
-def _copy_once(p: Plan, dst: np.ndarray, src: np.ndarray, view: np.ndarray) -> None:
-    """Run ``copy_op(dst, src, once=True)``; remember if it was numpy's own copy.
-
-    Kept per ``view``'s strides: the choice is the same either way between a view and
-    its packed form, so packs and receives share it.
-    """
-    copy, to, source = copy_op(dst, src, once=True)
-    copy(to, source)
-    if view.dtype.itemsize >= 8:  # (narrower elements: the choice depends on alignment)
-        p._memo["plain", view.strides] = copy is np.copyto and to is dst and source is src
-
-
-def _pack_view(p: Plan, src: np.ndarray, packed: np.ndarray) -> list[Any]:
-    _same_view(p, src)
-    ops = [copy_op(packed[: p.size].view(src.dtype).reshape(src.shape), src)]
-    run_copies(ops)
-    return ops
-
-
-def _unpack_view(p: Plan, packed: np.ndarray, dst: np.ndarray, once: bool) -> list[Any]:
-    _same_view(p, dst)
-    if not dst.flags.writeable:
-        raise DatatypeError("dst is read-only")
-    flat = packed[: p.size]
-    if np.may_share_memory(dst, flat) and np.shares_memory(dst, flat):
-        raise DatatypeError("dst and buf overlap; unpack into separate memory")
-    ops = [copy_op(dst, flat.view(dst.dtype).reshape(dst.shape), once=once)]
-    run_copies(ops)
-    return ops
 
 
 def _view_items(

@@ -360,7 +360,7 @@ def test_views_of_padded_records_pack_their_bytes_padding_included(shape):
 
 
 def test_a_view_plan_packs_and_unpacks_other_strides_of_its_shape_exactly_every_time():
-    from hpcpar.datatypes.plan import unpack_view_once
+    from hpcpar.datatypes.views import unpack_view_once
 
     a = np.random.default_rng(5).random((64, 64, 64))
     views = [a[:, 0, :], a[0, :, :].T, a[:, :, 3], a[::-1, 5, :]]  # one shape, four layouts
