@@ -387,18 +387,12 @@ def lines_read(kernels: list[Any], address: int) -> int:
     Every block's first to last line, the union over all blocks (a line two blocks share
     counts once): what a pack must read from memory at the least.
     """
-    firsts, lasts = [], []
-    for k in kernels:
-        if k.empty:
-            continue
-        starts = np.array([address + k.src], dtype=np.int64)
-        for count, stride, _ in k.dims:
-            starts = (starts[:, None] + np.arange(count, dtype=np.int64) * stride).reshape(-1)
-        firsts.append(starts // LINE)
-        lasts.append((starts + k.size - 1) // LINE)
-    if not firsts:
+    from ..datatypes.blocks import expand
+
+    starts, _, lengths = expand(kernels)
+    if not starts.size:
         return 0
-    first, last = np.concatenate(firsts), np.concatenate(lasts)
+    first, last = (address + starts) // LINE, (address + starts + lengths - 1) // LINE
     order = np.argsort(first, kind="stable")
     first, last = first[order], last[order]
     covered = np.concatenate(([np.iinfo(np.int64).min + 1], np.maximum.accumulate(last)[:-1]))

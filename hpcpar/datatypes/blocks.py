@@ -29,7 +29,15 @@ import numpy as np
 from .kernels import Kernel, _numba_loop
 from .threads import PARALLEL_BYTES, _threads, run_parts
 
-__all__ = ["Blocks", "blocks_of", "block_op", "worth_blocks", "MANY_KERNELS", "SMALL_KERNEL_BYTES"]
+__all__ = [
+    "Blocks",
+    "blocks_of",
+    "block_op",
+    "expand",
+    "worth_blocks",
+    "MANY_KERNELS",
+    "SMALL_KERNEL_BYTES",
+]
 
 _WORDS = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
 # An element's kernels go through the block loop when there are this many or more ...
@@ -49,29 +57,28 @@ class Blocks:
     hi: int  # one past the highest
     unit: int  # the widest word (8, 4, 2 or 1) dividing every offset and length
     size: int  # packed bytes
-    _in_words: dict[tuple[Any, int], tuple[np.ndarray, Any]] = field(
+    _in_words: dict[tuple[int, int], tuple[np.ndarray, Any]] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
+    _ends: dict[int, np.ndarray] = field(
         default_factory=dict, compare=False, hash=False, repr=False
     )
 
+    @functools.cached_property
     def even(self) -> tuple[np.ndarray, int]:
         """The blocks cut into pieces of one length (the lengths' greatest common divisor).
 
         Their offsets from the origin in bytes, and that length: the GPU kernel's form
         (one thread a word, the word's block found by division).
         """
-        known = self._in_words.get(("even", 0))
-        if known is None:
-            piece = int(np.gcd.reduce(self.length)) if self.length.size else 1
-            known = self._in_words["even", 0] = (_cut(self.at, self.length, piece), piece)
-        return known
+        piece = int(np.gcd.reduce(self.length)) if self.length.size else 1
+        return _cut(self.at, self.length, piece), piece
 
     def packed_ends(self, word: int) -> np.ndarray:
         """Packed ``word``-byte words before each block, then the total (cached)."""
-        known = self._in_words.get(("ends", word))
-        if known is None:
-            ends = np.concatenate(([0], np.cumsum(self.length // word)))
-            known = self._in_words["ends", word] = (ends, None)
-        return known[0]
+        if word not in self._ends:
+            self._ends[word] = np.concatenate(([0], np.cumsum(self.length // word)))
+        return self._ends[word]
 
     def in_words(self, word: int, start: int) -> tuple[np.ndarray, Any]:
         """Offsets from byte ``start`` in ``word``-byte words, and the lengths in words.
@@ -102,28 +109,14 @@ def blocks_of(kernels: list[Kernel]) -> Blocks:
     Kernels inside a repeat interleave in pack order, so all blocks are sorted by their
     packed offset, which then runs without gaps.
     """
-    live = [k for k in kernels if not k.empty]
-    flat = [k for k in live if len(k.dims) <= 1]  # all at once (most of a scattered layout)
-    sources, packed, lengths = _expand_flat(flat) if flat else ([], [], [])
-    for k in live:
-        if len(k.dims) <= 1:
-            continue
-        src = np.array([k.src], np.int64)
-        dst = np.array([k.dst], np.int64)
-        for count, src_stride, dst_stride in k.dims:
-            steps = np.arange(count, dtype=np.int64)
-            src = (src[:, None] + steps * src_stride).reshape(-1)
-            dst = (dst[:, None] + steps * dst_stride).reshape(-1)
-        sources.append(src)
-        packed.append(dst)
-        lengths.append(np.full(src.size, k.size, np.int64))
-    if not sources:
+    sources, packed, lengths = expand(kernels)
+    if not sources.size:
         return Blocks(np.zeros(0, np.int64), np.zeros(0, np.int64), 0, 0, 8, 0)
-    order = np.argsort(np.concatenate(packed), kind="stable")
-    at = np.concatenate(sources)[order]
-    length = np.concatenate(lengths)[order]
+    order = np.argsort(packed, kind="stable")
+    at = sources[order]
+    length = lengths[order]
     ends = np.cumsum(length)
-    if not np.array_equal(np.concatenate(packed)[order], ends - length):
+    if not np.array_equal(packed[order], ends - length):
         raise AssertionError("the kernels' packed bytes do not run without gaps")
     if at.size > 1:  # merge blocks that continue one another in the user's buffer
         joins = at[:-1] + length[:-1] == at[1:]
@@ -143,15 +136,35 @@ def blocks_of(kernels: list[Kernel]) -> Blocks:
     return Blocks(at, length, int(at.min()), int((at + length).max()), unit, int(ends[-1]))
 
 
-def _expand_flat(kernels: list[Kernel]) -> tuple[list[Any], list[Any], list[Any]]:
-    """The blocks of kernels of at most one dimension, in numpy operations, not per kernel."""
+def expand(kernels: list[Kernel]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every block of the kernels: user-side and packed-side byte offsets, and lengths.
+
+    In the kernels' order, each kernel's blocks row by row.
+
+    Kernels of at most one dimension (most of a scattered layout) in numpy operations
+    over all of them at once, the others one by one.
+    """
+    live = [k for k in kernels if not k.empty]
+    flat = [k for k in live if len(k.dims) <= 1]
     fields = np.array([(k.src, k.dst, k.size, *(k.dims[0] if k.dims else (1, 0, 0)))
-                       for k in kernels], np.int64).reshape(-1, 6)  # fmt: skip
+                       for k in flat], np.int64).reshape(-1, 6)  # fmt: skip
     src, dst, size, count, src_stride, dst_stride = fields.T
     step = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
-    at = np.repeat(src, count) + step * np.repeat(src_stride, count)
-    to = np.repeat(dst, count) + step * np.repeat(dst_stride, count)
-    return [at], [to], [np.repeat(size, count)]
+    sources = [np.repeat(src, count) + step * np.repeat(src_stride, count)]
+    packed = [np.repeat(dst, count) + step * np.repeat(dst_stride, count)]
+    lengths = [np.repeat(size, count)]
+    for k in live:
+        if len(k.dims) <= 1:
+            continue
+        at, to = np.array([k.src], np.int64), np.array([k.dst], np.int64)
+        for n, src_stride_k, dst_stride_k in k.dims:
+            steps = np.arange(n, dtype=np.int64)
+            at = (at[:, None] + steps * src_stride_k).reshape(-1)
+            to = (to[:, None] + steps * dst_stride_k).reshape(-1)
+        sources.append(at)
+        packed.append(to)
+        lengths.append(np.full(at.size, k.size, np.int64))
+    return np.concatenate(sources), np.concatenate(packed), np.concatenate(lengths)
 
 
 def _cut(at: np.ndarray, length: np.ndarray, piece: int) -> np.ndarray:
@@ -197,7 +210,8 @@ def block_op(
         index = _word_index(at, length, count, step)
         copy = functools.partial(_take if pack else _put, index)
     elif size * count >= PARALLEL_BYTES and _threads() > 1:
-        parts = _parts(loop, b, word, count, step, user, flat, pack)
+        ends = b.packed_ends(word) if count == 1 else None
+        parts = _parts(loop, at, length, ends, count, step, user, flat, pack)
         copy = functools.partial(_run_parts, parts)
     else:
         copy = functools.partial(loop, at, length, count, step)
@@ -205,7 +219,15 @@ def block_op(
 
 
 def _parts(
-    loop: Any, b: Blocks, word: int, count: int, step: int, user: Any, flat: Any, pack: bool
+    loop: Any,
+    at: np.ndarray,
+    length: Any,
+    ends: np.ndarray | None,
+    count: int,
+    step: int,
+    user: Any,
+    flat: Any,
+    pack: bool,
 ) -> list[tuple[Any, Any, Any]]:
     """The copy split over this rank's share of the cores: ``(copy, dst, src)`` per part.
 
@@ -214,10 +236,8 @@ def _parts(
     side is all of it (a run of elements: from its first element on).
     16 MB of scattered 8 B blocks on two threads: 1.80 ms against 3.12 on one.
     """
-    at, length = b.in_words(word, b.lo)
     threads = _threads()
-    if count == 1:
-        ends = b.packed_ends(word)  # packed words before each block, and the total
+    if ends is not None:  # one element: ``ends``, packed words before each block, then all
         total = int(ends[-1])
         cuts = [int(np.searchsorted(ends, total * i // threads)) for i in range(threads + 1)]
         parts = []

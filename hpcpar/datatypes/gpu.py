@@ -156,7 +156,7 @@ def _run_blocks(
     """
     import cupy
 
-    at, piece = blocks.even()
+    at, piece = blocks.even
     key = ("device blocks", cupy.cuda.runtime.getDevice())
     if key not in p._memo:
         p._memo[key] = cupy.asarray(at, cupy.int64)
