@@ -120,10 +120,9 @@ def _typed(obj: Any, p: Plan, datatype: Any, count: int, method: str, writable: 
         return None
     if datatype is not None:
         flags = obj.flags if type(obj) is np.ndarray else None
-        if flags is not None and flags.c_contiguous and (flags.writeable or not writable):
-            lo, hi = p._reach(count)  # MPI takes the array as it is (no flat view: 0.5 us)
-            if lo == hi or (lo >= 0 and hi <= obj.nbytes):
-                return [obj, count, _rebuilt_type(p)]
+        whole = flags is not None and flags.c_contiguous and (flags.writeable or not writable)
+        if whole and p._holds(obj.nbytes, 0, count):  # MPI takes the array as it is
+            return [obj, count, _rebuilt_type(p)]
         area = _bytes_of(obj, "buf", writable=writable)
         p._bounds(area, 0, count, "buf")
         return [area, count, _rebuilt_type(p)]

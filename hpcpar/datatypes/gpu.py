@@ -116,6 +116,11 @@ def _device_dims(p: Plan, count: int) -> list[tuple[Kernel, tuple[Any, Any, Any]
     return p._memo[key]
 
 
+def _grid(total: int, threads: int = 256) -> tuple[tuple[int], tuple[int]]:
+    """Blocks and threads a launch needs for ``total`` threads, one per word."""
+    return ((total + threads - 1) // threads,), (threads,)
+
+
 def _run(p: Plan, user: Any, packed: Any, count: int, origin: int, pack: bool) -> None:
     user_addr, packed_addr = user.data.ptr, packed.data.ptr
     blocks = p._block_list()
@@ -126,10 +131,8 @@ def _run(p: Plan, user: Any, packed: Any, count: int, origin: int, pack: bool) -
         w = _word(k, user_addr + origin, packed_addr)
         nwords = k.size // w
         total = nwords * int(np.prod([c for c, _, _ in k.dims] or [1]))
-        threads = 256
         _kernel(w)(
-            ((total + threads - 1) // threads,),
-            (threads,),
+            *_grid(total),
             (
                 user,
                 packed,
@@ -168,10 +171,8 @@ def _run_blocks(
     total = nwords * at.size * count
     if total == 0:
         return
-    threads = 256
     _kernel(word, blocks=True)(
-        ((total + threads - 1) // threads,),
-        (threads,),
+        *_grid(total),
         (
             user,
             packed,

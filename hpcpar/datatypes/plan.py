@@ -296,11 +296,14 @@ class Plan:
             self._memo["blocks"] = blocks
         return blocks
 
-    def _bounds(self, area: np.ndarray, origin: int, count: int, name: str) -> None:
+    def _holds(self, nbytes: int, origin: int, count: int) -> bool:
+        """Whether ``nbytes`` bytes with the origin at byte ``origin`` hold ``count`` elements."""
         lo, hi = self._reach(count)
-        if lo == hi:
-            return
-        if origin + lo < 0 or origin + hi > area.size:
+        return lo == hi or (origin + lo >= 0 and origin + hi <= nbytes)
+
+    def _bounds(self, area: np.ndarray, origin: int, count: int, name: str) -> None:
+        if not self._holds(area.size, origin, count):
+            lo, hi = self._reach(count)
             raise DatatypeError(
                 f"{name} has {area.size} bytes; {count} element(s) with origin at byte {origin} "
                 f"reach bytes {origin + lo}..{origin + hi}"
