@@ -101,13 +101,18 @@ def _kernel_views(
     ``numpy.ndarray(buffer=...)`` refuses any view that would reach outside its buffer.
     """
     for w in k.words:
-        shape, src_strides, dst_strides = k.shapes[w]
-        word = _WORDS[w]
-        user = np.ndarray(shape, word, buffer=unpacked, offset=origin + k.src, strides=src_strides)
-        flat = np.ndarray(shape, word, buffer=packed, offset=k.dst, strides=dst_strides)
+        shape, _, dst_strides = k.shapes[w]
+        user = _user_side(k, w, unpacked, origin)
+        flat = np.ndarray(shape, _WORDS[w], buffer=packed, offset=k.dst, strides=dst_strides)
         if w == 1 or (user.flags.aligned and flat.flags.aligned):
             break
     return user, flat
+
+
+def _user_side(k: Kernel, w: int, area: np.ndarray, origin: int) -> np.ndarray:
+    """Kernel ``k``'s blocks in ``area`` as ``w``-byte words: its counts, then the words."""
+    shape, src_strides, _ = k.shapes[w]
+    return np.ndarray(shape, _WORDS[w], buffer=area, offset=origin + k.src, strides=src_strides)
 
 
 def copy_kernels(
@@ -421,16 +426,13 @@ def user_view(k: Kernel, area: np.ndarray, keep: Any, origin: int) -> np.ndarray
     """
     key = (id(k), id(keep), origin, area.size, area.flags.writeable)
     hit = _USER_VIEWS.get(key)
-    if hit is not None and hit[0] is k and hit[1] is keep:
+    if hit is not None and hit[0] is k and hit[1] is keep:  # (inline: on every new buffer)
         return hit[2]
     for w in k.words:
-        shape, src_strides, _ = k.shapes[w]
-        view = np.ndarray(shape, _WORDS[w], buffer=area, offset=origin + k.src, strides=src_strides)
+        view = _user_side(k, w, area, origin)
         if w == 1 or view.flags.aligned:
             break
-    if len(_USER_VIEWS) >= _RECENT_MAX:
-        _USER_VIEWS.pop(next(iter(_USER_VIEWS)))
-    _USER_VIEWS[key] = (k, keep, view)
+    _remember(_USER_VIEWS, key, (k, keep), view)
     return view
 
 
@@ -455,15 +457,21 @@ def _views(
     ``keys`` are the caller's own objects (the user's array and packed buffer): while an
     entry holds them, their ids cannot be reused by other objects.
     """
-    key = None
-    if keys is not None and keys[1] is not None:
-        key = (id(kernels), id(keys[0]), id(keys[1]), origin, unpacked.size, packed.size)
-        hit = _RECENT.get(key)
-        if hit is not None and hit[0] is kernels and hit[1] is keys[0] and hit[2] is keys[1]:
-            return hit[3]
+    if keys is None or keys[1] is None:
+        return [_kernel_views(k, unpacked, packed, origin) for k in kernels if not k.empty]
+    key = (id(kernels), id(keys[0]), id(keys[1]), origin, unpacked.size, packed.size)
+    hit = _RECENT.get(key)
+    if hit is not None and hit[0] is kernels and hit[1] is keys[0] and hit[2] is keys[1]:
+        return hit[3]
     views = [_kernel_views(k, unpacked, packed, origin) for k in kernels if not k.empty]
-    if key is not None:
-        if len(_RECENT) >= _RECENT_MAX:
-            _RECENT.pop(next(iter(_RECENT)))
-        _RECENT[key] = (kernels, keys[0], keys[1], views)  # type: ignore[index]
+    _remember(_RECENT, key, (kernels, *keys), views)
     return views
+
+
+def _remember(
+    cache: dict[Any, tuple[Any, ...]], key: Any, owners: tuple[Any, ...], value: Any
+) -> None:
+    """Keep ``value`` for ``owners`` (held, so their ids stay theirs): the last ``_RECENT_MAX``."""
+    if len(cache) >= _RECENT_MAX:
+        cache.pop(next(iter(cache)))
+    cache[key] = (*owners, value)
