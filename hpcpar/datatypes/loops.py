@@ -177,7 +177,8 @@ ROW_WORDS = 64  # the row length ``_scatter1`` cuts a 1-D scatter into
 def _scatter1(dst: Any, src: Any, ahead: int) -> Any:
     """``_ahead2`` over rows of ``ROW_WORDS`` of the 1-D ``dst``, looking ahead in ``dst``.
 
-    The same stores and loads in the same order as ``_ahead1``, run as a 2-D loop:
+    The same stores in the same order as ``_ahead1`` (the tail after the last whole row
+    without loads ahead), run as a 2-D loop:
     unpacking the z face of an N^3 block (standalone, us, 1-D / 2-D; MPICH's Unpack
     128-129 at 128): N = 128 110 / 91, 160 170 / 161, 192 238 / 212, 96 37-42 / 35-45.
     Packing gains nothing that way (128: 102 / 109), so gathers stay 1-D.
