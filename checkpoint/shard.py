@@ -119,13 +119,22 @@ class EncodedShard:
 
     def join(self, length: int | None = None) -> np.ndarray:
         """The file's bytes as one uint8 array, zero-padded to ``length``."""
-        out = np.zeros(max(length or 0, self.nbytes), dtype=np.uint8)
-        pos = 0
-        for seg in _segments(self):
-            view = np.frombuffer(memoryview(seg).cast("B"), dtype=np.uint8)
-            out[pos : pos + view.size] = view
-            pos += view.size
+        out = np.empty(max(length or 0, self.nbytes), dtype=np.uint8)
+        self.read_into(0, out)
         return out
+
+    def read_into(self, start: int, out: np.ndarray) -> None:
+        """Copy the file's bytes from ``start`` into the uint8 array ``out``, zeros past its end."""
+        pos, end = 0, start + out.size
+        for seg in _segments(self):
+            if pos >= end:
+                break
+            view = np.frombuffer(memoryview(seg).cast("B"), dtype=np.uint8)
+            lo, hi = max(start, pos), min(end, pos + view.size)
+            if lo < hi:
+                out[lo - start : hi - start] = view[lo - pos : hi - pos]
+            pos += view.size
+        out[max(0, min(pos, end) - start) :] = 0
 
 
 def _hash_all(arrays: list[np.ndarray], out: list[str]) -> None:

@@ -118,7 +118,10 @@ class PartnerLevel(Level):
             data = got[self.partner]
             if data is None:
                 return None, f"{reason}; and the partner copy on rank {self.partner} is lost"
-            return decode_shard(data, step, self.job.rank, where="partner copy"), ""
+            try:  # failing here alone would leave the other ranks in the next collective
+                return decode_shard(data, step, self.job.rank, where="partner copy"), ""
+            except CheckpointError as exc:
+                return None, f"{reason}; and the partner copy failed its checks on arrival: {exc}"
         return flat, reason
 
 

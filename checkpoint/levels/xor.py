@@ -3,10 +3,13 @@
 Nodes form groups of ``k`` consecutive nodes (a last group of one node joins the one
 before). In a group, ranks on distinct nodes form XOR sets of ``m`` members. Each member's
 shard is cut into ``m - 1`` chunks; member ``j`` keeps the XOR of one chunk of every other
-member (member ``i`` contributes its chunk ``(j - i - 1) mod m``), computed by one
-``Reduce_scatter_block`` with ``MPI.BXOR``. Parity costs ``1/(m-1)`` of the data, and any
-one lost member is rebuilt: each of its chunks is the XOR of the parity that covers it
-and the matching chunks of the survivors (one ``Reduce`` to the lost member).
+member (member ``i`` contributes its chunk ``(j - i - 1) mod m``), computed by
+``Reduce_scatter_block`` with ``MPI.BXOR`` on 8-byte words. Parity costs ``1/(m-1)`` of the
+data, and any one lost member is rebuilt: each of its chunks is the XOR of the parity
+that covers it and the matching chunks of the survivors (``Reduce`` to the lost member).
+Both run in pieces of ``PIECE_BYTES``, so that neither hpcpar nor the MPI library holds
+another copy of a whole shard (a 1 GiB shard rebuilt at two ranks: 2.9 -> see
+BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -84,6 +87,42 @@ def xor_sets(job: Job, k: int) -> list[list[int]]:
     return sets
 
 
+# The rebuild's reductions run in pieces of at most this many bytes: the MPI library
+# holds a temporary as large as each one, and no copy of a whole shard is made.
+PIECE_BYTES = 32 << 20
+WORD = 8  # parity chunks are whole 8-byte words (earlier versions wrote any length)
+
+
+def _pieces(c: int) -> list[tuple[int, int]]:
+    """(start, length) of the pieces of a chunk of ``c`` bytes."""
+    return [(start, min(PIECE_BYTES, c - start)) for start in range(0, c, PIECE_BYTES)]
+
+
+def _padded(raw: np.ndarray, begin: int, n: int) -> np.ndarray:
+    """``raw[begin:begin + n]``, zero-padded where it runs past ``raw``'s end."""
+    if begin + n <= raw.size:
+        return raw[begin : begin + n]
+    part = np.zeros(n, dtype=np.uint8)
+    have = raw[begin : begin + n]
+    part[: have.size] = have
+    return part
+
+
+def _typed(part: np.ndarray, words: bool) -> list[Any]:
+    """``[buffer, MPI type]`` of a piece, as 8-byte words where allowed.
+
+    Words (the XOR runs a word at a time) when ``words`` and the piece's length allows,
+    else bytes.
+    """
+    from mpi4py import MPI
+
+    if not words or part.size % 8:
+        return [part, MPI.BYTE]
+    if part.ctypes.data % 8:  # (a piece sent, never the root's: its buffer is aligned)
+        part = part.copy()
+    return [part.view(np.uint64), MPI.UINT64_T]
+
+
 class XorLevel(Level):
     """``node<N>/xor/v<step>/rank<R>.shard`` and ``rank<R>.parity``.
 
@@ -110,10 +149,9 @@ class XorLevel(Level):
         """Own shard and parity."""
         return [self.own_path(step), self.parity_path(step)]
 
-    def _chunk(self, padded: np.ndarray, j: int, c: int) -> np.ndarray:
-        """The chunk of this member's shard that member ``j``'s parity covers."""
-        k = (j - self.index - 1) % len(self.members)
-        return padded[k * c : (k + 1) * c]
+    def _chunk_at(self, j: int, c: int) -> int:
+        """Where the chunk of this member's shard that member ``j``'s parity covers starts."""
+        return ((j - self.index - 1) % len(self.members)) * c
 
     def write(
         self, step: int, shard: EncodedShard, flat: dict[str, Any], written: dict[str, Path]
@@ -123,14 +161,21 @@ class XorLevel(Level):
 
         m = len(self.members)
         lengths = self.set_comm.allgather(shard.nbytes)
-        c = max(1, math.ceil(max(lengths) / (m - 1)))
-        padded = shard.join((m - 1) * c)
-        send = np.zeros(m * c, dtype=np.uint8)
-        for j in range(m):
-            if j != self.index:
-                send[j * c : (j + 1) * c] = self._chunk(padded, j, c)
+        c = WORD * max(1, math.ceil(max(lengths) / (m - 1) / WORD))  # whole words: XOR them
         parity = np.empty(c, dtype=np.uint8)
-        self.set_comm.Reduce_scatter_block([send, MPI.BYTE], [parity, MPI.BYTE], op=MPI.BXOR)
+        send = np.empty(m * min(c, PIECE_BYTES), dtype=np.uint8)
+        words = c % 8 == 0  # (always, but where a test writes parity as before)
+        for start, n in _pieces(c):  # member j's parity: one piece of it at a time
+            block = send[: m * n].reshape(m, n)
+            block[self.index] = 0
+            for j in range(m):
+                if j != self.index:
+                    shard.read_into(self._chunk_at(j, c) + start, block[j])
+            self.set_comm.Reduce_scatter_block(
+                _typed(block.reshape(-1), words),
+                _typed(parity[start : start + n], words),
+                op=MPI.BXOR,
+            )
         meta = {"parity": parity, "members": self.members, "lengths": lengths, "chunk": c}
         try:
             link_or_write(self, self.own_path(step), shard, written)
@@ -142,8 +187,6 @@ class XorLevel(Level):
 
     def recover(self, step: int, need: bool) -> tuple[dict[str, Any] | None, str]:
         """Own shard if whole; a set's single lost member rebuilt from parity."""
-        from mpi4py import MPI
-
         comm, rank = self.set_comm, self.job.rank
         raw: np.ndarray | None = None
         flat, reason = None, ""
@@ -179,23 +222,41 @@ class XorLevel(Level):
             root=(q + 1) % len(self.members),
         )
         lengths, c = shape
-        m = len(self.members)
-        contrib = np.zeros((m - 1) * c, dtype=np.uint8)
-        if self.index != q:
-            padded = np.zeros((m - 1) * c, dtype=np.uint8)
-            padded[: raw.size] = raw  # type: ignore[union-attr]
-            for t in range(m - 1):
-                j = (q + t + 1) % m
-                part = meta["parity"] if self.index == j else self._chunk(padded, j, c)  # type: ignore[index]
-                contrib[t * c : (t + 1) * c] = part
-        out = np.empty_like(contrib) if self.index == q else None
-        comm.Reduce(
-            [contrib, MPI.BYTE], [out, MPI.BYTE] if out is not None else None, op=MPI.BXOR, root=q
-        )
-        if self.index != q:
+        out = self._rebuild(q, c, raw, meta)
+        if out is None:
             return (flat if need else None), ""
-        rebuilt = out[: lengths[q]]  # type: ignore[index]
-        return decode_shard(rebuilt, step, rank, where="XOR rebuild"), ""
+        try:  # failing here alone would leave the other ranks in the next collective
+            return decode_shard(out[: lengths[q]], step, rank, where="XOR rebuild"), ""
+        except CheckpointError as exc:
+            return None, f"{reason}; and the XOR rebuild failed its checks: {exc}"
+
+    def _rebuild(
+        self, q: int, c: int, raw: np.ndarray | None, meta: dict[str, Any] | None
+    ) -> np.ndarray | None:
+        """Member ``q``'s padded shard, there (None elsewhere).
+
+        Its chunk ``t`` is the XOR of the parity that covers it and the matching chunks
+        of the others: one ``Reduce`` per piece of each chunk, from views of the shards
+        as read. Parity written by earlier versions may have chunks of odd lengths: bytes then.
+        """
+        from mpi4py import MPI
+
+        comm, m = self.set_comm, len(self.members)
+        words = c % 8 == 0  # the same on every member, as MPI needs
+        out = np.zeros((m - 1) * c, dtype=np.uint8) if self.index == q else None
+        for t in range(m - 1):
+            j = (q + t + 1) % m
+            for start, n in _pieces(c):
+                if out is not None:  # zeros, XOR's identity, as the lost member's share
+                    piece = _typed(out[t * c + start :][:n], words)
+                    comm.Reduce(MPI.IN_PLACE, piece, op=MPI.BXOR, root=q)
+                elif self.index == j:
+                    piece = meta["parity"][start : start + n]  # type: ignore[index]
+                    comm.Reduce(_typed(piece, words), None, op=MPI.BXOR, root=q)
+                else:
+                    piece = _padded(raw, self._chunk_at(j, c) + start, n)  # type: ignore[arg-type]
+                    comm.Reduce(_typed(piece, words), None, op=MPI.BXOR, root=q)
+        return out
 
     def describe(self) -> dict[str, Any]:
         """The level and its sets."""

@@ -87,6 +87,33 @@ def test_corruption_and_uncommitted_versions_fall_back(comm, tmp_path):
             ck.restore(step=30)
 
 
+def test_shard_bytes_read_in_ranges_match_the_whole_file():
+    """``read_into`` (the XOR level's pieces) against ``join``, which decodes as the state."""
+    from hpcpar.checkpoint.shard import decode_shard, encode_shard
+    from hpcpar.checkpoint.state import flatten_state, unflatten_state
+
+    flat = flatten_state(state_of(3, 1))
+    shard = encode_shard(1, 3, flat)
+    whole = shard.join()
+    assert same(unflatten_state(decode_shard(whole, 1, 3, where="test")), state_of(3, 1))
+    assert whole.size == shard.nbytes and shard.join(whole.size + 9)[whole.size :].sum() == 0
+    rng = np.random.default_rng(0)
+    for start in [
+        0,
+        1,
+        whole.size - 5,
+        whole.size,
+        whole.size + 3,
+        *rng.integers(0, whole.size, 20),
+    ]:
+        out = np.full(int(rng.integers(1, 200)), 7, dtype=np.uint8)
+        shard.read_into(int(start), out)
+        expect = np.zeros(out.size, dtype=np.uint8)
+        have = whole[start : start + out.size]
+        expect[: have.size] = have
+        assert np.array_equal(out, expect), start
+
+
 def test_young_daly_interval():
     # Young's first-order optimum sqrt(2CM) when C << M; Daly's correction is small there
     assert young_daly_interval(10.0, 86400.0) == pytest.approx(np.sqrt(2 * 10 * 86400), rel=0.01)

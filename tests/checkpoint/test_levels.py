@@ -90,6 +90,48 @@ def test_lost_node_is_rebuilt_from_xor_parity(comm, tmp_path, layout):
 
 
 @needs_nodes
+@pytest.mark.parametrize("piece, word", [(24, 8), (40, 1)])
+def test_xor_rebuilds_in_pieces_and_from_parity_of_odd_chunks(
+    comm, tmp_path, monkeypatch, piece, word
+):
+    """Pieces far smaller than a shard (the last one shorter), and parity whose chunks
+    are not whole words (as hpcpar wrote it before: the rebuild XORs bytes then)."""
+    from hpcpar.checkpoint.levels import xor
+
+    monkeypatch.setattr(xor, "PIECE_BYTES", piece)
+    monkeypatch.setattr(xor, "WORD", word)
+    root = shared_dir(comm, tmp_path) / "xp"
+    with hpcpar.Hierarchy(comm, layout="ppn:1") as h:  # sets of every rank: m = size
+        save_versions(root, h, ["local", "xor"])
+        monkeypatch.setattr(xor, "WORD", 8)  # restored by this version
+        on_rank0(comm, lambda: faults.delete_node(root, 0))
+        step, got, served = restore(root, h, ["local", "xor"])
+        expect = ["xor" if n == 0 else "local" for n in h.node_of]
+        check(comm, step, got, 3, served, expect)
+
+
+@needs_nodes
+def test_a_rebuild_that_fails_its_checks_is_refused_on_every_rank(comm, tmp_path, monkeypatch):
+    from hpcpar.checkpoint.levels import xor
+
+    rebuild = xor.XorLevel._rebuild
+
+    def damaged(self, *args):
+        out = rebuild(self, *args)
+        if out is not None:
+            out[out.size // 2] ^= 1  # one bit of the rebuilt shard
+        return out
+
+    monkeypatch.setattr(xor.XorLevel, "_rebuild", damaged)
+    root = shared_dir(comm, tmp_path) / "xd"
+    with hpcpar.Hierarchy(comm, layout="ppn:1") as h:
+        save_versions(root, h, ["local", "xor"], steps=(1,))
+        on_rank0(comm, lambda: faults.delete_node(root, 0))
+        with pytest.raises(CheckpointError, match="XOR rebuild failed its checks"):
+            restore(root, h, ["local", "xor"])
+
+
+@needs_nodes
 @pytest.mark.parametrize("layout", XOR_LAYOUTS)
 def test_two_lost_nodes_of_one_xor_group_fall_to_hdf5(comm, tmp_path, layout):
     from hpcpar.checkpoint.levels import Job
