@@ -8,8 +8,8 @@ member (member ``i`` contributes its chunk ``(j - i - 1) mod m``), computed by
 data, and any one lost member is rebuilt: each of its chunks is the XOR of the parity
 that covers it and the matching chunks of the survivors (``Reduce`` to the lost member).
 Both run in pieces of ``PIECE_BYTES``, so that neither hpcpar nor the MPI library holds
-another copy of a whole shard (a 1 GiB shard rebuilt at two ranks: 2.9 -> see
-BENCHMARKS.md).
+another copy of a whole shard (they copied it two to three times: rebuilding four ranks'
+512 MiB shards, one lost, 11.3 -> 2.5 s; BENCHMARKS.md, checkpoint, session 14).
 """
 
 from __future__ import annotations
