@@ -123,10 +123,14 @@ class EncodedShard:
         self.read_into(0, out)
         return out
 
+    def segments(self) -> Any:
+        """The file's bytes in order: the body's buffers, then the tail."""
+        return _segments(self)
+
     def read_into(self, start: int, out: np.ndarray) -> None:
         """Copy the file's bytes from ``start`` into the uint8 array ``out``, zeros past its end."""
         pos, end = 0, start + out.size
-        for seg in _segments(self):
+        for seg in self.segments():
             if pos >= end:
                 break
             view = np.frombuffer(memoryview(seg).cast("B"), dtype=np.uint8)

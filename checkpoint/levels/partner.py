@@ -20,6 +20,7 @@ from .base import Job, Level, link_or_write
 __all__ = ["PartnerLevel", "partner_of"]
 
 _TAG_SIZE, _TAG_DATA = 71, 72
+PIECE_BYTES = 32 << 20  # a shard travels to its partner in messages of at most this size
 
 
 def partner_of(job: Job, rank: int) -> int:
@@ -84,14 +85,38 @@ class PartnerLevel(Level):
     def write(
         self, step: int, shard: EncodedShard, flat: dict[str, Any], written: dict[str, Path]
     ) -> str:
-        """Write the own shard, send it to the partner, keep the copies received."""
-        copies = self._exchange({self.partner: shard.join()}, self.held)
+        """Send the own shard to the partner, write it, write the copies as they arrive.
+
+        The shard goes as views of its own bytes, in pieces of at most ``PIECE_BYTES``,
+        and each copy received is written piece by piece: no rank holds a whole shard
+        besides its own. Every piece is received (and dropped, after a failed write), so
+        the partner's sends always finish.
+        """
+        from mpi4py import MPI
+
+        comm = self.job.comm
+        sends = [comm.Isend(np.array([shard.nbytes], dtype=np.int64), self.partner, _TAG_SIZE)]
+        for seg in shard.segments():
+            view = np.frombuffer(memoryview(seg).cast("B"), dtype=np.uint8)
+            for start in range(0, view.size, PIECE_BYTES):
+                sends.append(comm.Isend(view[start : start + PIECE_BYTES], self.partner, _TAG_DATA))
+        error = ""
         try:
             link_or_write(self, self.own_path(step), shard, written)
-            for rank, data in copies.items():
-                self.write_shard(self.copy_path(step, rank), _Raw(step, rank, data))
         except OSError as exc:
-            return f"rank {self.job.rank}: {exc.strerror or exc}"
+            error = f"rank {self.job.rank}: {exc.strerror or exc}"
+        for rank in self.held:
+            copy = _Incoming(comm, rank, step)
+            try:
+                if not error:
+                    self.write_shard(self.copy_path(step, rank), copy)
+            except OSError as exc:
+                error = f"rank {self.job.rank}: {exc.strerror or exc}"
+            finally:
+                copy.drain()
+        MPI.Request.Waitall(sends)
+        if error:
+            return error
         written[self.name] = self.own_path(step)
         return ""
 
@@ -125,11 +150,32 @@ class PartnerLevel(Level):
         return flat, reason
 
 
-class _Raw(EncodedShard):
-    """Bytes received from another rank, written as they are."""
+class _Incoming(EncodedShard):
+    """A partner's shard as it arrives: its pieces are the body, received when written."""
 
-    def __init__(self, step: int, rank: int, data: np.ndarray) -> None:
-        self.step, self.rank, self.body, self.body_nbytes = step, rank, [data], data.size
+    def __init__(self, comm: Any, source: int, step: int) -> None:
+        size = np.empty(1, dtype=np.int64)
+        comm.Recv(size, source=source, tag=_TAG_SIZE)
+        self.step, self.rank, self.body_nbytes = step, source, int(size[0])
+        self._comm, self._left = comm, self.body_nbytes
+        self._buffer = np.empty(min(self.body_nbytes, PIECE_BYTES), dtype=np.uint8)
+        self.body = self._receive()
+
+    def _receive(self) -> Any:
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        while self._left > 0:
+            self._comm.Probe(source=self.rank, tag=_TAG_DATA, status=status)
+            n = status.Get_count(MPI.BYTE)
+            self._comm.Recv(self._buffer[:n], source=self.rank, tag=_TAG_DATA)
+            self._left -= n
+            yield self._buffer[:n]
+
+    def drain(self) -> None:
+        """Receive the pieces not yet taken (a write that failed part way, or none)."""
+        for _ in self.body:
+            pass
 
     def tail(self) -> bytes:
         return b""

@@ -234,6 +234,32 @@ def test_enospc_on_one_rank_commits_nothing_there_and_loses_nothing(comm, tmp_pa
 
 
 @needs_nodes
+@pytest.mark.parametrize("first", ["partner", "local"])  # own write fails / the copy's does
+def test_enospc_at_the_partner_level_fails_it_without_a_hang(comm, tmp_path, monkeypatch, first):
+    """Shards sent in many small pieces; one rank's write fails at the partner level
+    (its own shard when partner is written first, else the copy it holds: the own shard
+    is then a hard link). Every piece is still received, the save reports the failure,
+    and the copies of the previous version still rebuild a lost node."""
+    from hpcpar.checkpoint.levels import partner
+
+    monkeypatch.setattr(partner, "PIECE_BYTES", 64)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    root = shared_dir(comm, tmp_path) / "pfull"
+    levels = ["partner", "hdf5"] if first == "partner" else ["local", "partner", "hdf5"]
+    with hpcpar.Hierarchy(comm, layout="ppn:1") as h:
+        with Checkpointer(root, comm=h, levels=levels) as ck:
+            ck.save(1, state_of(rank, 1)).wait()
+            ck.fault = faults.Fault(enospc="partner", step=2, rank=size - 1)
+            handle = ck.save(2, state_of(rank, 2))
+            with pytest.raises(CheckpointError, match=r"not committed at partner: rank .*space"):
+                handle.wait()
+            assert_all(ck.committed()["partner"] == [1], f"{ck.committed()}", comm)
+        on_rank0(comm, lambda: faults.delete_node(root, 0))
+        step, got, served = restore(root, h, ["local", "partner"], step=1)
+        check(comm, step, got, 1, served, ["partner" if n == 0 else first for n in h.node_of])
+
+
+@needs_nodes
 def test_policy_intervals_and_keep_counts(comm, tmp_path):
     root = shared_dir(comm, tmp_path) / "pol"
     policy = {"every": {"partner": 2, "hdf5": 3}, "keep": {"local": 3, "partner": 1}}
