@@ -87,8 +87,8 @@ def xor_sets(job: Job, k: int) -> list[list[int]]:
     return sets
 
 
-# The rebuild's reductions run in pieces of at most this many bytes: the MPI library
-# holds a temporary as large as each one, and no copy of a whole shard is made.
+# The parity's and the rebuild's reductions run in pieces of at most this many bytes: the
+# MPI library holds a temporary as large as each one, and no copy of a whole shard is made.
 PIECE_BYTES = 32 << 20
 WORD = 8  # parity chunks are whole 8-byte words (earlier versions wrote any length)
 
