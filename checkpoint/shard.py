@@ -117,9 +117,9 @@ class EncodedShard:
         """The file's length."""
         return self.body_nbytes + len(self.tail())
 
-    def join(self, length: int | None = None) -> np.ndarray:
-        """The file's bytes as one uint8 array, zero-padded to ``length``."""
-        out = np.empty(max(length or 0, self.nbytes), dtype=np.uint8)
+    def join(self) -> np.ndarray:
+        """The file's bytes as one uint8 array."""
+        out = np.empty(self.nbytes, dtype=np.uint8)
         self.read_into(0, out)
         return out
 
