@@ -38,7 +38,9 @@ def scan(root: Path, local_dir: Path | None = None) -> dict[str, Any]:
 
     Returns:
         ``{"ranks": N, "levels": {level: {"committed": [...], "files": {step: [(kind,
-        rank, path)]}}}}`` where kind is ``shard``, ``copy``, ``parity`` or ``h5``.
+        rank, path)]}, "spares": [path, ...]}}}`` where kind is ``shard``, ``copy``,
+        ``parity`` or ``h5``, and spares are pruned files kept for the next versions to
+        write over (README, "Recycled files").
 
     Raises:
         CheckpointError: not an hpcpar checkpoint directory.
@@ -65,8 +67,9 @@ def scan(root: Path, local_dir: Path | None = None) -> dict[str, Any]:
                 files.setdefault(int(version.group(1)), []).append(
                     (kind, int(match.group(2)), path)
                 )
-        if committed or files:
-            levels[level] = {"committed": committed, "files": files}
+        spares = sorted(p for p in nodes.glob(f"node*/{level}/.spare/*") if p.is_file())
+        if committed or files or spares:
+            levels[level] = {"committed": committed, "files": files, "spares": spares}
     return {"ranks": doc["ranks"], "levels": levels}
 
 

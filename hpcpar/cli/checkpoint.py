@@ -63,6 +63,10 @@ def _ls(info: dict[str, Any]) -> None:
             state = "committed" if step in entry["committed"] else "not committed"
             whole = "" if own == info["ranks"] else f" (of {info['ranks']})"
             print(f"  v{step}: {own} shard(s){whole}{extra}, {size} bytes, {state}")
+        if entry["spares"]:
+            size = sum(p.stat().st_size for p in entry["spares"])
+            count = len(entry["spares"])
+            print(f"  spares: {count} file(s), {size} bytes (the next saves write over them)")
 
 
 def _inject(root: Any, args: argparse.Namespace) -> str:

@@ -46,6 +46,20 @@ def test_ls_verify_inspect_inject(tmp_path, capsys):
     assert "version 7" in capsys.readouterr().err
 
 
+def test_ls_counts_the_spares_pruned_versions_left(tmp_path, capsys):
+    root = tmp_path / "ck"
+    policy = {"keep": {"local": 1}}
+    with Checkpointer(root, levels=["local"], policy=policy) as ck:
+        for step in (1, 2, 3):
+            ck.save(step, {"w": np.arange(1000.0) * step}).wait()
+    spares = list(root.glob("nodes/node*/local/.spare/*"))
+    assert len(spares) == 1  # one name per rank: version 2's file, kept for version 4
+    assert main(["checkpoint", "ls", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "local: committed 3" in out
+    assert f"spares: 1 file(s), {spares[0].stat().st_size} bytes" in out
+
+
 def test_every_truncation_and_flip_is_detected():
     rng = np.random.default_rng(3)
     flat = {"a": rng.standard_normal(50), "b/c": np.arange(7, dtype=np.int16), "n": 3, "s": "x"}
