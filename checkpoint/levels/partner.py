@@ -8,12 +8,13 @@ live on the next node, and the copies it held are of ranks whose own files survi
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..shard import EncodedShard, decode_shard, read_bytes, read_file
+from ..shard import EncodedShard, decode_shard, read_file
 from ..state import CheckpointError
 from .base import Job, Level, link_or_write
 
@@ -58,29 +59,41 @@ class PartnerLevel(Level):
         """Own shard and the copies held."""
         return [self.own_path(step)] + [self.copy_path(step, r) for r in self.held]
 
-    def _exchange(self, send: dict[int, np.ndarray | None], recv_from: list[int]) -> dict:
-        """Send byte arrays (None: "I have nothing") and receive from ``recv_from``."""
+    def _stream(self, copies: dict[int, Path], source: int | None) -> np.ndarray | None:
+        """Send each file of ``copies`` (rank -> held copy) to its rank; receive from ``source``.
+
+        A file goes in pieces of ``PIECE_BYTES`` read into two buffers in turn, so reading
+        the next piece overlaps sending the last; the receiver posts every piece's
+        receive before anything is sent (two ranks may each hold the other's copy).
+        A file that cannot be read is sent as size -1 (nothing); one that fails part way
+        is padded with zeros to the size announced, and fails its checks on arrival.
+        Returns the bytes received from ``source`` (None: nothing, or no ``source``).
+        """
+        from mpi4py import MPI
+
         comm = self.job.comm
-        requests, sizes = [], {}
-        for dest, data in send.items():
-            size = np.array([-1 if data is None else data.size], dtype=np.int64)
-            sizes[dest] = size
-            requests.append(comm.Isend(size, dest=dest, tag=_TAG_SIZE))
-            if data is not None:
-                requests.append(comm.Isend(data, dest=dest, tag=_TAG_DATA))
-        got: dict[int, np.ndarray | None] = {}
-        for source in recv_from:
+        sizes = {}
+        for dest, path in copies.items():
+            try:
+                sizes[dest] = np.array([path.stat().st_size], dtype=np.int64)
+            except OSError:
+                sizes[dest] = np.array([-1], dtype=np.int64)
+        sends = [comm.Isend(size, dest=dest, tag=_TAG_SIZE) for dest, size in sizes.items()]
+        data, receives = None, []
+        if source is not None:
             size = np.empty(1, dtype=np.int64)
             comm.Recv(size, source=source, tag=_TAG_SIZE)
-            if size[0] < 0:
-                got[source] = None
-                continue
-            data = np.empty(int(size[0]), dtype=np.uint8)
-            comm.Recv(data, source=source, tag=_TAG_DATA)
-            got[source] = data
-        for request in requests:
-            request.Wait()
-        return got
+            if size[0] >= 0:
+                data = np.empty(int(size[0]), dtype=np.uint8)
+                receives = [
+                    comm.Irecv(data[start : start + PIECE_BYTES], source=source, tag=_TAG_DATA)
+                    for start in range(0, data.size, PIECE_BYTES)
+                ]
+        for dest, path in copies.items():
+            if sizes[dest][0] >= 0:
+                sends += _send_file(comm, path, int(sizes[dest][0]), dest)
+        MPI.Request.Waitall(sends + receives)
+        return data
 
     def write(
         self, step: int, shard: EncodedShard, flat: dict[str, Any], written: dict[str, Path]
@@ -129,18 +142,9 @@ class PartnerLevel(Level):
             except CheckpointError as exc:
                 reason = str(exc)
         missing = self.job.comm.allgather(need and flat is None)
-        send: dict[int, np.ndarray | None] = {}
-        for rank in self.held:
-            if missing[rank]:
-                try:
-                    data = read_bytes(self.copy_path(step, rank))
-                    decode_shard(data, step, rank, where=str(self.copy_path(step, rank)))
-                    send[rank] = data
-                except CheckpointError:
-                    send[rank] = None
-        got = self._exchange(send, [self.partner] if missing[self.job.rank] else [])
+        copies = {rank: self.copy_path(step, rank) for rank in self.held if missing[rank]}
+        data = self._stream(copies, self.partner if missing[self.job.rank] else None)
         if missing[self.job.rank]:
-            data = got[self.partner]
             if data is None:
                 return None, f"{reason}; and the partner copy on rank {self.partner} is lost"
             try:  # failing here alone would leave the other ranks in the next collective
@@ -148,6 +152,42 @@ class PartnerLevel(Level):
             except CheckpointError as exc:
                 return None, f"{reason}; and the partner copy failed its checks on arrival: {exc}"
         return flat, reason
+
+
+def _send_file(comm: Any, path: Path, size: int, dest: int) -> list[Any]:
+    """Send ``size`` bytes of ``path`` to ``dest`` in pieces (zeros where reading fails).
+
+    Two buffers in turn: a piece is read while the one before it is on its way.
+    Returns the last two sends, still running.
+    """
+    buffers = [np.empty(min(size, PIECE_BYTES), dtype=np.uint8) for _ in range(2)]
+    pending: list[Any] = [None, None]
+    try:
+        handle: Any = open(path, "rb")  # noqa: SIM115 (a with block below)
+    except OSError:
+        handle = io.BytesIO()  # gone since its size was taken: zeros
+    with handle:
+        for k, start in enumerate(range(0, size, PIECE_BYTES)):
+            piece = buffers[k % 2][: min(PIECE_BYTES, size - start)]
+            if pending[k % 2] is not None:
+                pending[k % 2].Wait()
+            piece[_read_into(handle, piece) :] = 0
+            pending[k % 2] = comm.Isend(piece, dest=dest, tag=_TAG_DATA)
+    return [r for r in pending if r is not None]
+
+
+def _read_into(handle: Any, piece: np.ndarray) -> int:
+    """Fill ``piece`` from ``handle``; the bytes read (fewer at the end or on an error)."""
+    view, got = memoryview(piece), 0
+    try:
+        while got < len(view):
+            n = handle.readinto(view[got:])
+            if not n:
+                break
+            got += n
+    except OSError:
+        pass
+    return got
 
 
 class _Incoming(EncodedShard):

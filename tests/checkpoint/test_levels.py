@@ -197,6 +197,32 @@ def test_damaged_shard_is_served_by_the_next_level(comm, tmp_path, fault):
 
 
 @needs_nodes
+@pytest.mark.parametrize("piece", [40, 256 << 10])
+def test_every_rank_is_served_by_its_partner_copy_at_once(comm, tmp_path, monkeypatch, piece):
+    """Every rank's own shard damaged, every copy whole: all copies travel at once (at 2
+    ranks each holds the other's), in pieces of 40 B and of 256 KiB (1 MiB shards: MPI's
+    rendezvous protocol, where a send waits for its receive)."""
+    from hpcpar.checkpoint.levels import partner
+
+    monkeypatch.setattr(partner, "PIECE_BYTES", piece)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    state = {"w": np.random.default_rng(rank).standard_normal(1 << 17), "r": rank}
+    root = shared_dir(comm, tmp_path) / "pall"
+    with hpcpar.Hierarchy(comm, layout="ppn:1") as h:
+        with Checkpointer(root, comm=h, levels=["local", "partner"]) as ck:
+            ck.save(1, state).wait()
+
+        def damage():
+            for r in range(size):  # (the partner level's own shard is the same file)
+                faults.flip_bytes(faults.shard_path(root, "local", 1, r, node=r), offset=9)
+
+        on_rank0(comm, damage)
+        step, got, served = restore(root, h, ["local", "partner"])
+        assert_all(step == 1 and same(got, state), "restored state differs", comm)
+        assert_all(served == ["partner"] * size, f"served by {served}", comm)
+
+
+@needs_nodes
 def test_damage_everywhere_falls_back_to_an_older_version(comm, tmp_path):
     size = comm.Get_size()
     root = shared_dir(comm, tmp_path) / "old"
