@@ -4,15 +4,24 @@
 #   jobs/local/gpu-check.sh wheels   # here (with network): the wheels the GPU machine lacks
 #   jobs/local/gpu-check.sh run      # there, from the repository root, with .wheels/ carried
 #
-# 'wheels' downloads mpich, mpi4py and pytest-mpi for the GPU machine's python3 (3.12,
-# x86-64 Linux; PYVER overrides) into .wheels/ (git ignores it; about 16 MB). 'run' makes
-# a venv over that python3's own packages (cupy, numba, numpy, scipy, h5py, pytest are
-# there), installs the wheels and hpcpar (editable, no dependencies), then runs the GPU
-# tests serially and at 2 ranks, and 'bench datatypes --gpu', writing logs and the
-# benchmark's JSON to $OUT (default /tmp/gpu-out). Each step's status is in
-# $OUT/summary.txt; the script goes on after a failing step and exits 1 if any failed.
+# 'wheels' downloads what the GPU machine's image lacks (its package list: the device
+# notes' KINDS.md) for its python3 (3.12, x86-64 Linux; PYVER overrides) into .wheels/
+# (git ignores it; about 15 MB): mpich (the MPI library), mpi4py built for it, crc32c and
+# pytest-mpi; no dependencies (numpy, numba, scipy, h5py, cupy, pytest, hypothesis and
+# setuptools are in the image). 'run' installs them and hpcpar itself (a wheel built by
+# the image's setuptools) with pip --prefix into /tmp/hpcpar-prefix, its site-packages
+# first on PYTHONPATH and its lib/ (libmpi) on LD_LIBRARY_PATH (no venv: the image's
+# python3 is itself a venv, whose packages a venv made from it would not see; not
+# --target, which drops the mpich wheel's lib/ and bin/), then runs the GPU tests serially and at 2 ranks, and 'bench datatypes
+# --gpu', writing logs and the benchmark's JSON to $OUT (default /tmp/gpu-out). Python
+# runs with -P, so that the source tree in the working directory does not shadow the
+# installed hpcpar (whose hpcpar.checkpoint and hpcpar.apps are mapped from the
+# top-level folders). Each step's status is in $OUT/summary.txt; the script goes on
+# after a failing step and exits 1 if any failed.
 #
-# Prepared in session 13 without a GPU (no device was lent): not yet run on one.
+# Prepared in session 13, changed in session 14 after reading the device notes, and
+# dry-run here under a Python 3.12 environment with the image's packages but cupy (the
+# GPU steps fail or skip there): not yet run on a GPU (no device was lent).
 set -uo pipefail
 
 mode=${1:-}
@@ -20,10 +29,10 @@ cd "$(dirname "$0")/../.."
 
 if [[ $mode == wheels ]]; then
   pip=${PIP:-pip3}
-  "$pip" download mpich mpi4py pytest-mpi --only-binary=:all: \
-    --python-version "${PYVER:-3.12}" --platform manylinux_2_28_x86_64 \
-    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux1_x86_64 -d .wheels -q
+  "$pip" download mpich mpi4py crc32c pytest-mpi --no-deps --only-binary=:all: \
+    --python-version "${PYVER:-3.12}" --implementation cp --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .wheels -q
   ls -l .wheels
   exit 0
 fi
@@ -47,23 +56,27 @@ step() {  # step NAME COMMAND...: run, log to $OUT/NAME.log, record the status
   [[ $rc == 0 ]] || failed=1
 }
 
+prefix=/tmp/hpcpar-prefix  # pip --prefix: the mpich wheel's lib/ and bin/ land there too
+pyver=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 export MPIR_CVAR_CH4_PROGRESS_THROTTLE=true MPIR_CVAR_POLLS_BEFORE_YIELD=1 PYTHONUNBUFFERED=1
-venv=/tmp/hpcpar-gpu-venv
-export PATH="$venv/bin:$PATH"  # its python, hpcpar and the mpich wheel's mpiexec
-step setup bash -c "python3 -m venv --system-site-packages $venv &&
-  $venv/bin/pip install -q --no-index --find-links .wheels mpich mpi4py pytest-mpi &&
-  $venv/bin/pip install -q --no-deps --no-build-isolation -e ."
-step gpu-info "$venv/bin/python" -c "import cupy, mpi4py.MPI as M, hpcpar
+export PYTHONPATH="$prefix/lib/python$pyver/site-packages" PATH="$prefix/bin:$PATH"
+export LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # libmpi
+step setup bash -c "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --prefix $prefix .wheels/*.whl &&
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
+    --no-cache-dir --upgrade --prefix $prefix ."
+step gpu-info python3 -P -c "import cupy, mpi4py.MPI as M, hpcpar
 from hpcpar.datatypes.gpu import gpu_available
-print(cupy.__version__, cupy.cuda.runtime.getDeviceProperties(0)['name'], M.Get_library_version())
+print(hpcpar.__file__, cupy.__version__, cupy.cuda.runtime.getDeviceProperties(0)['name'])
+print(M.Get_library_version())
 assert gpu_available()"
 # -rs: a skip names its reason; none of these tests may skip on a GPU machine
-step tests-serial "$venv/bin/python" -m pytest --with-mpi -q -rs -p no:cacheprovider \
+step tests-serial python3 -P -m pytest --with-mpi -q -rs -p no:cacheprovider \
   tests/hpcpar/test_datatypes.py tests/checkpoint/test_gpu.py tests/apps/test_cfr_gpu.py \
   -k "gpu or device"
-step tests-2-ranks "$venv/bin/hpcpar" launch -n 2 --timeout 300 -- python -m pytest --with-mpi \
+step tests-2-ranks hpcpar launch -n 2 --timeout 300 -- python3 -P -m pytest --with-mpi \
   -m mpi -q -rs -p no:cacheprovider tests/hpcpar/test_p2p_halo.py \
   tests/hpcpar/test_collectives_large.py -k "gpu or cupy"
-step bench "$venv/bin/hpcpar" bench datatypes --gpu --no-roof --n 128 --output "$OUT/dt-gpu"
+step bench hpcpar bench datatypes --gpu --no-roof --n 128 --output "$OUT/dt-gpu"
 cat "$summary"
 exit $failed
