@@ -12,6 +12,10 @@ from ..shard import EncodedShard, fsync_dir, write_file
 
 __all__ = ["Job", "Level"]
 
+# The partner and XOR levels move a shard in MPI messages (and reductions) of at most
+# this many bytes: neither they nor the MPI library hold another copy of a whole shard.
+PIECE_BYTES = 32 << 20
+
 _MARKER = re.compile(r"^v(\d{12})\.committed$")
 _VERSION = re.compile(r"^v(\d{12})$")
 

@@ -16,12 +16,11 @@ import numpy as np
 
 from ..shard import EncodedShard, decode_shard, read_file
 from ..state import CheckpointError
-from .base import Job, Level, link_or_write
+from .base import PIECE_BYTES, Job, Level, link_or_write
 
 __all__ = ["PartnerLevel", "partner_of"]
 
 _TAG_SIZE, _TAG_DATA = 71, 72
-PIECE_BYTES = 32 << 20  # a shard travels to its partner in messages of at most this size
 
 
 def partner_of(job: Job, rank: int) -> int:

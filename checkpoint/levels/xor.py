@@ -22,7 +22,7 @@ import numpy as np
 
 from ..shard import EncodedShard, decode_shard, encode_shard, read_bytes
 from ..state import CheckpointError
-from .base import Job, Level, link_or_write
+from .base import PIECE_BYTES, Job, Level, link_or_write
 
 __all__ = ["XorLevel", "xor_sets"]
 
@@ -87,9 +87,6 @@ def xor_sets(job: Job, k: int) -> list[list[int]]:
     return sets
 
 
-# The parity's and the rebuild's reductions run in pieces of at most this many bytes: the
-# MPI library holds a temporary as large as each one, and no copy of a whole shard is made.
-PIECE_BYTES = 32 << 20
 WORD = 8  # parity chunks are whole 8-byte words (earlier versions wrote any length)
 
 
