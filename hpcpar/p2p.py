@@ -16,18 +16,21 @@ packed data).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from .collectives.buffers import is_device_array
+from .collectives.schedule import PendingRequestWarning
 from .datatypes import DatatypeError, plan
 from .datatypes.choose import send_method
 from .datatypes.ir import shift
 from .datatypes.plan import Plan, _bytes_of, shared_plan
 from .datatypes.views import unpack_view_once
 from .runtime.comm import resolve_comm
+from .runtime.orphans import adopt, progress_adopted
 
 _BYTE = np.dtype(np.uint8)
 
@@ -335,21 +338,64 @@ def recv(
 
 
 class P2PRequest:
-    """A pending ``isend``/``irecv``: ``wait()`` completes it (and unpacks a receive)."""
+    """A pending ``isend``/``irecv``: ``wait()`` completes it (and unpacks a receive).
+
+    Dropped unfinished, it warns and is completed in the background
+    (``hpcpar.runtime.orphans``): its buffers stay alive until MPI is done with them.
+    """
 
     def __init__(self, request: MPI.Request, keep: Any, incoming: _Incoming | None = None) -> None:
         self._request, self._keep, self._incoming = request, keep, incoming
+        self._status = MPI.Status()
+        self._arrived = False  # the message has completed (a receive may still need unpacking)
+        self._done = False
+        self._result: Any = None
 
     def test(self) -> bool:
         """Whether the message has completed (a receive is unpacked by ``wait``)."""
-        return bool(self._request.Test())
+        if not self._arrived:
+            progress_adopted()
+            with _Truncation(self._expected()):
+                self._arrived = bool(self._request.Test(self._status))
+        return self._arrived
 
     def wait(self) -> Any:
         """Complete the message; return the received object (None for a send)."""
-        status = MPI.Status()
-        with _Truncation(self._incoming.buffer.nbytes if self._incoming else 0):
-            self._request.Wait(status)
-        return None if self._incoming is None else self._incoming.finish(status)
+        if self._done:
+            return self._result
+        if not self._arrived:
+            progress_adopted()
+            with _Truncation(self._expected()):
+                self._request.Wait(self._status)
+            self._arrived = True
+        self._done = True
+        if self._incoming is not None:
+            self._result = self._incoming.finish(self._status)
+        return self._result
+
+    def _expected(self) -> int:
+        return self._incoming.buffer.nbytes if self._incoming is not None else 0
+
+    def progress(self) -> bool:
+        """Complete without blocking if the message has arrived (for an adopted request)."""
+        if self.test():
+            self.wait()
+        return self._done
+
+    def describe(self) -> str:
+        """What the request is, for warnings."""
+        return "irecv" if self._incoming is not None else "isend"
+
+    def __del__(self) -> None:
+        if getattr(self, "_done", True) or self._request == MPI.REQUEST_NULL:
+            return
+        adopt(self)  # kept alive (resurrected: __del__ runs once) until it completes
+        warnings.warn(
+            f"hpcpar: {self.describe()} request dropped before completion; call wait() on it. "
+            "hpcpar completes it in the background",
+            PendingRequestWarning,
+            stacklevel=2,
+        )
 
 
 def isend(
@@ -416,13 +462,14 @@ class PersistentRequest:
         self._expected, self._keep = expected, keep
         self._status = MPI.Status()
         self._started = False
+        self._arrived = False  # this step's message completed in test()
 
     def start(self) -> None:
         """Start the step's message (a send packs its array first)."""
         if self._before is not None:
             self._before()
         self._request.Start()
-        self._started = True
+        self._started, self._arrived = True, False
 
     def wait(self) -> None:
         """Complete the step's message (a receive then unpacks into its array).
@@ -432,11 +479,11 @@ class PersistentRequest:
         if not self._started:
             return
         self._started = False
+        if not self._arrived:
+            with _Truncation(self._expected or 0):
+                self._request.Wait(self._status)
         if self._expected is None:
-            self._request.Wait()
             return
-        with _Truncation(self._expected):
-            self._request.Wait(self._status)
         got = self._status.Get_count(MPI.BYTE)
         if got != self._expected and self._status.Get_source() != MPI.PROC_NULL:
             raise DatatypeError(f"received {got} bytes where {self._expected} were expected")
@@ -444,13 +491,43 @@ class PersistentRequest:
             self._after()
 
     def test(self) -> bool:
-        """Whether the step's message has completed (``wait`` still has to be called)."""
-        return bool(self._request.Get_status())
+        """Whether the step's message has completed (``wait`` still has to be called).
+
+        The request is completed here when it has (MPI's ``Request_get_status`` would
+        leave it active, and MPICH's later wait then loses the message's status).
+        """
+        if self._started and not self._arrived:
+            with _Truncation(self._expected or 0):
+                self._arrived = bool(self._request.Test(self._status))
+        return self._arrived or not self._started
 
     def free(self) -> None:
         """Release the MPI request (not while a step is in flight)."""
         if self._request != MPI.REQUEST_NULL:
             self._request.Free()
+
+    def progress(self) -> bool:
+        """Finish a started step without blocking once it has arrived, then release it."""
+        if not self.test():
+            return False
+        self.wait()
+        self.free()
+        return True
+
+    def describe(self) -> str:
+        """What the request is, for warnings."""
+        return "persistent " + ("send" if self._expected is None else "receive")
+
+    def __del__(self) -> None:
+        if not getattr(self, "_started", False):
+            return
+        adopt(self)  # a step in flight: kept alive (resurrected) until it completes
+        warnings.warn(
+            f"hpcpar: {self.describe()} dropped with a step in flight; call wait() on it. "
+            "hpcpar completes it in the background",
+            PendingRequestWarning,
+            stacklevel=2,
+        )
 
     def __enter__(self) -> PersistentRequest:
         return self

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..runtime.orphans import ADOPTED, progress_adopted
 from . import reproducible as repro
 from .autotune import autotune_on as _autotune_on
 from .autotune import tuned_algorithm
@@ -77,6 +78,8 @@ def _begin(
     **check: Any,
 ) -> tuple[Any, Any]:
     """Check arguments across ranks (HPCPAR_CHECK), choose the algorithm, open the call."""
+    if ADOPTED:  # dropped nonblocking calls still in flight: give them a chance
+        progress_adopted()
     state = state_for(comm)
     if checking():
         check_same(

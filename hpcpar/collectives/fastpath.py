@@ -16,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.env import RAW_ENVIRON, TRUE_WORDS
+from ..runtime.orphans import ADOPTED, progress_adopted
 from . import mpi_library
 from .channel import _last
 from .select import choose
@@ -41,6 +42,8 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: each helper call costs ~7
     """
     if _RAW is None or type(x) is not np.ndarray:
         return None
+    if ADOPTED:  # dropped nonblocking calls still in flight: give them a chance
+        progress_adopted()
     get = _RAW.get
     flag = get(b"HPCPAR_CHECK")
     if flag is not None and flag.strip().lower() in _ON:

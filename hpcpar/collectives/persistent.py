@@ -11,11 +11,13 @@ call. Any other algorithm runs as ``iallreduce`` of the bound buffers.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
+from ..runtime.orphans import adopt
 from . import mpi_library
 from .api import iallreduce
 from .autotune import measure_calls
@@ -23,6 +25,7 @@ from .buffers import check_out, host_array
 from .channel import note_library_call
 from .errors import CollectiveError
 from .ops import resolve_op
+from .schedule import PendingRequestWarning
 from .select import choose
 from .state import state_for
 
@@ -146,6 +149,31 @@ class PersistentAllreduce:
         if self._request is not None and not self._freed:
             self._request.Free()
         self._freed = True
+
+    def progress(self) -> bool:
+        """Finish a started call without blocking once it is done, then release it."""
+        if not self._request.Test():  # completes it: the wait below returns at once
+            return False
+        self.wait()
+        self.free()
+        return True
+
+    def describe(self) -> str:
+        """What it is, for warnings."""
+        return f"persistent allreduce of {self.out.nbytes} bytes"
+
+    def __del__(self) -> None:
+        # only the library's persistent request can be in flight here: an iallreduce in
+        # flight is a CollectiveRequest, which looks after itself when dropped
+        if getattr(self, "_running", None) is not True or self._request is None:
+            return
+        adopt(self)  # kept alive (resurrected) with x and out until the call completes
+        warnings.warn(
+            f"hpcpar: {self.describe()} dropped between start() and wait(); "
+            "hpcpar completes it in the background",
+            PendingRequestWarning,
+            stacklevel=2,
+        )
 
     def __enter__(self) -> PersistentAllreduce:
         return self

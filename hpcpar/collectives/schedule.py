@@ -19,6 +19,8 @@ from typing import Any
 
 from mpi4py import MPI
 
+from ..runtime.orphans import adopt, progress_adopted
+
 __all__ = ["Schedule", "run", "concurrently", "CollectiveRequest", "PendingRequestWarning"]
 
 Schedule = Generator[list[MPI.Request], None, Any]
@@ -72,59 +74,88 @@ def _caller() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
+class _Operation:
+    """A running schedule: what a request drives, and what stays alive if it is dropped."""
+
+    __slots__ = ("done", "finish", "name", "origin", "result", "schedule", "waiting")
+
+    def __init__(self, name: str, schedule: Schedule, finish: Callable[[Any], Any]) -> None:
+        self.name = name
+        self.schedule: Schedule | None = schedule
+        self.finish = finish
+        self.waiting: list[MPI.Request] = []
+        self.result: Any = None
+        self.done = False
+        self.origin = _caller()
+
+    def progress(self) -> bool:
+        """Advance as far as completed messages allow; True once the schedule has ended."""
+        while not self.done:
+            if self.waiting and not MPI.Request.Testall(self.waiting):
+                return False
+            try:
+                self.waiting = next(self.schedule) or []  # type: ignore[arg-type]
+            except StopIteration as stop:
+                self.schedule = None
+                self.waiting = []
+                self.done = True
+                self.result = self.finish(stop.value)
+        return True
+
+    def wait(self) -> Any:
+        while not self.done:
+            if self.waiting:
+                MPI.Request.Waitall(self.waiting)
+            self.progress()
+        return self.result
+
+    def describe(self) -> str:
+        return f"{self.name} started at {self.origin}"
+
+
 class CollectiveRequest:
     """The handle a nonblocking collective returns.
 
     ``test()`` advances the schedule as far as completed messages allow and says
     whether it has finished; ``wait()`` finishes it and returns the result (the output
     array). A request dropped unfinished is reported with a ``PendingRequestWarning``
-    naming where it was started.
+    naming where it was started, and its operation is completed in the background
+    (``hpcpar.runtime.orphans``): its buffers stay alive until MPI is done with them.
     """
 
     def __init__(self, name: str, schedule: Schedule, finish: Callable[[Any], Any]) -> None:
-        self.name = name
-        self._schedule: Schedule | None = schedule
-        self._finish = finish
-        self._waiting: list[MPI.Request] = []
-        self._result: Any = None
-        self._done = False
-        self._origin = _caller()
-        self._advance()
+        self._op = _Operation(name, schedule, finish)
+        progress_adopted()
+        self._op.progress()
 
-    def _advance(self) -> bool:
-        while not self._done:
-            if self._waiting and not MPI.Request.Testall(self._waiting):
-                return False
-            try:
-                self._waiting = next(self._schedule) or []  # type: ignore[arg-type]
-            except StopIteration as stop:
-                self._schedule = None
-                self._done = True
-                self._result = self._finish(stop.value)
-        return True
+    @property
+    def name(self) -> str:
+        """The nonblocking collective's name (``iallreduce`` ...)."""
+        return self._op.name
 
     def test(self) -> bool:
         """Make progress; return True once the collective has completed."""
-        return self._advance()
+        progress_adopted()
+        return self._op.progress()
 
     def wait(self) -> Any:
         """Block until the collective completes; return its result."""
-        while not self._done:
-            if self._waiting:
-                MPI.Request.Waitall(self._waiting)
-            self._advance()
-        return self._result
+        progress_adopted()
+        return self._op.wait()
 
     @property
     def done(self) -> bool:
         """Whether the collective has completed (without making progress)."""
-        return self._done
+        return self._op.done
 
     def __del__(self) -> None:
-        if not getattr(self, "_done", True):
-            warnings.warn(
-                f"hpcpar: {self.name} request dropped before completion; call wait() on it. "
-                f"Started at {self._origin}",
-                PendingRequestWarning,
-                stacklevel=2,
-            )
+        op = getattr(self, "_op", None)
+        if op is None or op.done:
+            return
+        adopt(op)
+        warnings.warn(
+            f"hpcpar: {op.name} request dropped before completion; call wait() on it. "
+            f"Started at {op.origin}. hpcpar completes it in the background",
+            PendingRequestWarning,
+            stacklevel=2,
+        )
