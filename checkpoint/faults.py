@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from .naming import version_name
 from .state import CheckpointError
 
 __all__ = [
@@ -146,15 +147,17 @@ def shard_path(root: Path, level: str, step: int, rank: int, node: int | None = 
     """
     root = Path(root)
     if level == "hdf5":
-        return root / "hdf5" / f"v{step:012d}" / f"rank{rank}.h5"
+        return root / "hdf5" / version_name(step) / f"rank{rank}.h5"
     if level not in ("local", "partner", "xor"):
         raise CheckpointError(f"unknown level {level!r}")
     if node is None:
-        found = sorted((root / "nodes").glob(f"node*/{level}/v{step:012d}/rank{rank}.shard"))
+        found = sorted(
+            (root / "nodes").glob(f"node*/{level}/{version_name(step)}/rank{rank}.shard")
+        )
         if not found:
             raise CheckpointError(f"no {level} shard of version {step} for rank {rank}")
         return found[0]
-    return _node_dir(root, node) / level / f"v{step:012d}" / f"rank{rank}.shard"
+    return _node_dir(root, node) / level / version_name(step) / f"rank{rank}.shard"
 
 
 def flip_bytes(path: Path, offset: int = 0, count: int = 1) -> None:

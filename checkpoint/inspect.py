@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .levels.hdf5 import read_h5
+from .naming import parse_marker, parse_version
 from .policy import LEVELS
 from .shard import decode_shard, read_bytes, read_file
 from .state import CheckpointError
@@ -50,7 +51,8 @@ def scan(root: Path, local_dir: Path | None = None) -> dict[str, Any]:
     levels: dict[str, Any] = {}
     for level in FILE_LEVELS:
         markers = root / "commits" / level
-        committed = sorted((int(p.name[1:13]) for p in markers.glob("v*.committed")), reverse=True)
+        found = (parse_marker(p.name) for p in markers.glob("v*.committed"))
+        committed = sorted((s for s in found if s is not None), reverse=True)
         base, pattern = (
             (root / "hdf5", "v*/*") if level == "hdf5" else (nodes, f"node*/{level}/v*/*")
         )
@@ -58,15 +60,13 @@ def scan(root: Path, local_dir: Path | None = None) -> dict[str, Any]:
         if base.is_dir():
             for path in sorted(base.glob(pattern)):
                 match = _FILE.match(path.name)
-                version = re.match(r"^v(\d{12})$", path.parent.name)
-                if not match or not version:
+                version = parse_version(path.parent.name)
+                if not match or version is None:
                     continue
                 kind = {"shard": "shard", "parity": "parity", "h5": "h5"}[match.group(3)]
                 if match.group(1) == "copy-rank":
                     kind = "copy"
-                files.setdefault(int(version.group(1)), []).append(
-                    (kind, int(match.group(2)), path)
-                )
+                files.setdefault(version, []).append((kind, int(match.group(2)), path))
         spares = sorted(p for p in nodes.glob(f"node*/{level}/.spare/*") if p.is_file())
         if committed or files or spares:
             levels[level] = {"committed": committed, "files": files, "spares": spares}

@@ -29,6 +29,8 @@ from hpcpar.datatypes.threads import copy_array
 from .faults import Fault, disarm, parse_fault
 from .gpu import device_to_host, is_device_array, pinned_empty
 from .levels import Hdf5Level, Job, Level, LocalLevel, PartnerLevel, XorLevel
+from .lock import DirectoryLock
+from .naming import check_step, parse_marker
 from .policy import LEVELS, check_levels, parse_policy, young_daly_interval
 from .shard import encode_shard, write_atomic
 from .state import CheckpointError, flatten_state, unflatten_state
@@ -116,10 +118,15 @@ class Checkpointer:
             the nodes per XOR group.
         local_dir: Node-local storage (``/dev/shm/...`` works); node N uses
             ``local_dir/node<N>``. Default ``path/nodes``.
+        overwrite: Start a new run in a directory that holds an old one: its versions
+            are discarded now (their commit markers first, so none is ever half
+            visible). Without it, a save must be newer than every version already
+            committed there (``restore()`` first to continue a run).
 
     Raises:
         CheckpointError: unknown level, bad policy, a layout the partner or xor level
-            cannot protect, or a directory written by a job with another number of ranks.
+            cannot protect, a directory written by a job with another number of ranks,
+            or one another job is using (the lock's holder is named).
     """
 
     def __init__(
@@ -130,6 +137,7 @@ class Checkpointer:
         policy: dict[str, Any] | None = None,
         *,
         local_dir: Any = None,
+        overwrite: bool = False,
     ) -> None:
         from hpcpar.runtime.comm import resolve_comm
         from hpcpar.topology import Hierarchy
@@ -141,9 +149,12 @@ class Checkpointer:
         self.comm = resolve_comm(comm).Dup()  # checkpoint traffic runs on its own communicator
         with Hierarchy(self.comm, layout=layout) as h:
             node_of = list(h.node_of)
+        self._front = self.comm.Dup()  # the caller's thread: save()'s checks
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.root = Path(path)
-        self._check_job()
+        self._lock: DirectoryLock | None = None
+        self._floor = self._open_directory(bool(overwrite))  # a save must be newer
+        self._stale_above: int | None = None  # versions newer than a restored one
         local = Path(local_dir) if local_dir is not None else self.root / "nodes"
         self.job = Job(self.comm, node_of, self.root, local)
         makers = {
@@ -152,13 +163,19 @@ class Checkpointer:
             "xor": lambda job: XorLevel(job, group),
             "hdf5": Hdf5Level,
         }
-        self.levels: list[Level] = self._agree(
-            lambda: [makers[n](self.job) for n in names if n in makers]
-        )
+        try:
+            self.levels: list[Level] = self._agree(
+                lambda: [makers[n](self.job) for n in names if n in makers]
+            )
+        except CheckpointError:
+            self._release()
+            raise
         for level in self.levels:
             level.recycle = recycle and level.recyclable
         self.memory = "memory" in names
         self._snapshot: tuple[int, dict[str, Any]] | None = None
+        if overwrite:
+            self._discard_above(-1)
         self._buffers = _Buffers()
         self._saves = 0
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hpcpar-checkpoint")
@@ -178,30 +195,94 @@ class Checkpointer:
             raise CheckpointError(problems[0])
         return out
 
-    def _check_job(self) -> None:
-        problem = None
+    def _on_root(self, work: Any, comm: Any = None) -> Any:
+        """Run ``work()`` on rank 0 and hand its result to every rank (collective).
+
+        Raises:
+            CheckpointError: on every rank, if it failed on rank 0 (an OSError or a
+                CheckpointError), so no rank waits for one that gave up.
+        """
+        comm = comm or self.comm
+        result, problem = None, ""
         if self.rank == 0:
-            job = self.root / _JOB_FILE
             try:
-                self.root.mkdir(parents=True, exist_ok=True)
-                if job.exists():
-                    doc = json.loads(job.read_text())
-                    if doc.get("format") != "hpcpar-checkpoint":
-                        problem = f"{self.root} holds something that is not an hpcpar checkpoint"
-                    elif doc.get("ranks") != self.size:
-                        problem = (
-                            f"{self.root} was written by a job of {doc.get('ranks')} ranks; "
-                            f"this job has {self.size} (restart with the same number of ranks)"
-                        )
-                else:
-                    write_atomic(
-                        job, json.dumps({"format": "hpcpar-checkpoint", "ranks": self.size})
-                    )
-            except (OSError, ValueError) as exc:
-                problem = f"cannot use checkpoint directory {self.root}: {exc}"
-        problem = self.comm.bcast(problem, root=0)
+                result = work()
+            except (OSError, CheckpointError) as exc:
+                problem = str(exc) if isinstance(exc, CheckpointError) else _os_problem(exc)
+        result, problem = comm.bcast((result, problem), root=0)
         if problem:
             raise CheckpointError(problem)
+        return result
+
+    def _open_directory(self, overwrite: bool) -> int:
+        """Lock the directory, check or write its description; return its newest version.
+
+        Raises:
+            CheckpointError: on every rank (see the constructor).
+        """
+
+        def open_on_root() -> int:
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                self._lock = DirectoryLock(self.root)
+                job = self.root / _JOB_FILE
+                doc = json.loads(job.read_text()) if job.exists() else None
+            except (OSError, ValueError) as exc:
+                raise CheckpointError(
+                    f"cannot use checkpoint directory {self.root}: {exc}"
+                ) from None
+            if doc is not None and not overwrite:
+                if not isinstance(doc, dict) or doc.get("format") != "hpcpar-checkpoint":
+                    raise CheckpointError(
+                        f"{self.root} holds something that is not an hpcpar checkpoint"
+                    )
+                if doc.get("ranks") != self.size:
+                    raise CheckpointError(
+                        f"{self.root} was written by a job of {doc.get('ranks')} ranks; this "
+                        f"job has {self.size} (restart with the same number of ranks, or "
+                        "overwrite=True to start a new run there)"
+                    )
+            else:
+                write_atomic(job, json.dumps({"format": "hpcpar-checkpoint", "ranks": self.size}))
+            return -1 if overwrite else max(_every_committed(self.root), default=-1)
+
+        try:
+            return int(self._on_root(open_on_root))
+        except CheckpointError:
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        """Free the communicators and give up the directory's lock."""
+        self._front.Free()
+        self.comm.Free()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _discard_above(self, step: int) -> None:
+        """Discard every committed version newer than ``step`` at every level (collective).
+
+        Rank 0 removes the commit markers first (each version vanishes at once, never
+        half), then every rank removes its files of those versions at the levels in use.
+        """
+
+        def unmark() -> list[int]:
+            gone = set()
+            for folder in (self.root / "commits").glob("*"):
+                for marker in folder.glob("v*.committed"):
+                    found = parse_marker(marker.name)
+                    if found is not None and found > step:
+                        marker.unlink()
+                        gone.add(found)
+            return sorted(gone)
+
+        gone = self._on_root(unmark)
+        for level in self.levels:
+            for old in set(gone) | {s for s in level.steps_on_disk() if s > step}:
+                level.remove(old)
+        if self._snapshot is not None and self._snapshot[0] > step:
+            self._snapshot = None
 
     # ---- saving --------------------------------------------------------------------
 
@@ -209,11 +290,35 @@ class Checkpointer:
         """Snapshot ``state`` for version ``step`` and flush it in the background (collective).
 
         Raises:
-            CheckpointError: a bad step or state (the key is named).
+            CheckpointError: on every rank, for a bad step or state on any rank (the key
+                and rank are named), ranks that passed different steps, or a step that
+                is not newer than every version saved or committed before.
         """
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise CheckpointError(f"step must be an integer >= 0, not {step!r}")
-        flat = flatten_state(state)
+        problem, flat = "", {}
+        try:
+            step = check_step(step)
+            flat = flatten_state(state)
+        except CheckpointError as exc:
+            problem = f"rank {self.rank}: {exc}"
+        every = self._front.allgather((problem, step if not problem else None))
+        problems = [p for p, _ in every if p]
+        if problems:
+            raise CheckpointError(problems[0] + ("" if len(problems) == 1 else " (and others)"))
+        steps = [s for _, s in every]
+        if len(set(steps)) > 1:
+            groups: dict[int, list[int]] = {}
+            for rank, s in enumerate(steps):
+                groups.setdefault(s, []).append(rank)
+            detail = "; ".join(f"{s} on rank(s) {_ranks(r)}" for s, r in groups.items())
+            raise CheckpointError(f"save: ranks passed different steps: {detail}")
+        if step <= self._floor:
+            raise CheckpointError(
+                f"save: version {step} is not newer than version {self._floor}, already "
+                f"saved or committed in {self.root} (restore() first to continue that run "
+                "from an older version, or open the Checkpointer with overwrite=True to "
+                "start a new run there)"
+            )
+        self._floor = step
         if self._last_commit is not None:  # back-pressure: one version being committed
             with contextlib.suppress(CheckpointError):  # reported by that save's handle
                 self._last_commit.result()
@@ -254,6 +359,9 @@ class Checkpointer:
         self, step: int, snapshot: Future[Any], due: list[Level]
     ) -> tuple[list[Level], list[str]]:
         copy = snapshot.result()
+        if self._stale_above is not None:  # the run went on from a restored version
+            stale, self._stale_above = self._stale_above, None
+            self._discard_above(stale)
         if self.memory:
             self._snapshot = (step, copy)
         if not due:
@@ -276,24 +384,40 @@ class Checkpointer:
                 continue
             if self.fault is not None:
                 self.fault.point("before-commit", step, self.rank, level.name)
-            if self.rank == 0:
-                level.on_commit(step)
-                level.marker(step).parent.mkdir(parents=True, exist_ok=True)
-                write_atomic(level.marker(step), json.dumps({"step": step, "ranks": self.size}))
-            self.comm.Barrier()  # the marker exists before anyone prunes or restores
+            try:  # the marker exists on every rank's return, before anyone prunes or restores
+                self._on_root(lambda level=level: self._mark(level, step))
+            except CheckpointError as exc:
+                level.remove(step)
+                failed.append(f"{level.name}: commit: {exc}")
+                continue
             self.timings[level.name].append(time.perf_counter() - start)
             if self.fault is not None:
                 self.fault.point("after-commit", step, self.rank, level.name)
             done.append(level)
         return done, failed
 
+    def _mark(self, level: Level, step: int) -> None:
+        """Rank 0: the level's last work on a version, then its commit marker."""
+        try:
+            level.on_commit(step)
+        except OSError:
+            raise
+        except Exception as exc:  # a library's own error (h5py's): the commit failed
+            raise CheckpointError(f"{type(exc).__name__}: {exc}") from None
+        level.marker(step).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(level.marker(step), json.dumps({"step": step, "ranks": self.size}))
+
     def _prune(self, level: Level) -> None:
         # rank 0's listing for all: another rank listing while rank 0 unlinks would see less
-        committed = self.comm.bcast(level.committed() if self.rank == 0 else None)
+        try:
+            committed = self._on_root(level.committed)
+        except CheckpointError:
+            return  # nothing is pruned this time; the next save tries again
         for old in committed[self.keep[level.name] :]:
-            if self.rank == 0:
-                level.marker(old).unlink(missing_ok=True)
-            self.comm.Barrier()  # nobody deletes a file of a still-committed version
+            try:  # nobody deletes a file of a still-committed version
+                self._on_root(lambda old=old: level.marker(old).unlink(missing_ok=True))
+            except CheckpointError:
+                return
             level.remove(old)
         # files of versions that never committed (a job killed while writing them) and
         # never will: older than the newest committed one, which restore always prefers
@@ -315,8 +439,7 @@ class Checkpointer:
     def committed(self) -> dict[str, list[int]]:
         """Committed versions per file level, newest first (collective)."""
         self._drain()
-        mine = {lv.name: lv.committed() for lv in self.levels} if self.rank == 0 else None
-        return self.comm.bcast(mine, root=0)
+        return self._on_root(lambda: {lv.name: lv.committed() for lv in self.levels})
 
     def versions(self) -> list[int]:
         """Every version committed at some file level, newest first (collective)."""
@@ -342,6 +465,7 @@ class Checkpointer:
         everyone = self.comm.allgather(mine)
         if len(set(everyone)) == 1 and mine >= max(newest, 0) and step in (None, mine):
             self.restored_from = ["memory"] * self.size
+            self._continue_from(mine, newest)
             flat = {
                 k: (v.copy() if isinstance(v, np.ndarray) else v)
                 for k, v in self._snapshot[1].items()
@@ -365,12 +489,23 @@ class Checkpointer:
                 servers = self.comm.allgather(served)
                 if all(servers):
                     self.restored_from = servers
+                    self._continue_from(candidate, newest)
                     return candidate, unflatten_state(flat)  # type: ignore[arg-type]
             reasons = [r for r in self.comm.allgather("" if flat is not None else why) if r]
             problems.append(f"version {candidate}: {reasons[0] if reasons else 'incomplete'}")
         wanted = f"version {step}" if step is not None else "version"
         detail = f" ({problems[0]})" if problems else ""
         raise CheckpointError(f"no recoverable {wanted} in {self.root}{detail}")
+
+    def _continue_from(self, step: int, newest: int) -> None:
+        """After a restore of ``step`` the run goes on from it.
+
+        The next save must be newer than ``step``; versions newer than it (damaged, or
+        not asked for) are discarded when that save starts, so no later restore returns
+        them in place of the run's new versions.
+        """
+        self._floor = step
+        self._stale_above = step if newest > step else None
 
     def suggest_interval(self, mtbf_s: float, level: str | None = None) -> float:
         """Young/Daly compute time between saves, from this run's median commit time.
@@ -406,10 +541,27 @@ class Checkpointer:
             set_comm = getattr(level, "set_comm", None)
             if set_comm is not None:
                 set_comm.Free()
-        self.comm.Free()
+        self._release()
 
     def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         self.close(sync=exc_type is None)
+
+
+def _os_problem(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}"
+
+
+def _every_committed(root: Path) -> list[int]:
+    """Every version committed at any level in ``root`` (run on one rank)."""
+    found = (parse_marker(m.name) for m in (root / "commits").glob("*/v*.committed"))
+    return [step for step in found if step is not None]
+
+
+def _ranks(ranks: list[int]) -> str:
+    from hpcpar.layout import format_ranks
+
+    return format_ranks(ranks)

@@ -52,13 +52,21 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write a small file durably and atomically (temporary file, fsync, rename, fsync dir)."""
+    """Write a small file durably and atomically (temporary file, fsync, rename, fsync dir).
+
+    Raises:
+        OSError: the write failed; the temporary file is removed, ``path`` is untouched.
+    """
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # nothing half-written is left visible
+        raise
     fsync_dir(path.parent)
 
 

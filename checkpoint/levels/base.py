@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from pathlib import Path
 from typing import Any
 
+from ..naming import marker_name, parse_marker, parse_version, version_name
 from ..shard import EncodedShard, fsync_dir, write_file
 
 __all__ = ["Job", "Level"]
@@ -15,9 +15,6 @@ __all__ = ["Job", "Level"]
 # The partner and XOR levels move a shard in MPI messages (and reductions) of at most
 # this many bytes: neither they nor the MPI library hold another copy of a whole shard.
 PIECE_BYTES = 32 << 20
-
-_MARKER = re.compile(r"^v(\d{12})\.committed$")
-_VERSION = re.compile(r"^v(\d{12})$")
 
 
 class Job:
@@ -78,19 +75,19 @@ class Level:
 
     def marker(self, step: int) -> Path:
         """The file whose presence commits version ``step`` at this level."""
-        return self.job.root / "commits" / self.name / f"v{step:012d}.committed"
+        return self.job.root / "commits" / self.name / marker_name(step)
 
     def committed(self) -> list[int]:
         """Committed versions, newest first (call on one rank and broadcast)."""
         folder = self.job.root / "commits" / self.name
         if not folder.is_dir():
             return []
-        steps = [int(m.group(1)) for p in folder.iterdir() if (m := _MARKER.match(p.name))]
+        steps = [s for p in folder.iterdir() if (s := parse_marker(p.name)) is not None]
         return sorted(steps, reverse=True)
 
     def version_dir(self, step: int, node: int | None = None) -> Path:
         """Where this level keeps a node's files of version ``step``."""
-        return self.job.node_dir(node) / self.name / f"v{step:012d}"
+        return self.job.node_dir(node) / self.name / version_name(step)
 
     def steps_on_disk(self) -> list[int]:
         """Versions with a directory where this rank's files of this level go."""
@@ -99,7 +96,7 @@ class Level:
             names = [p.name for p in folder.iterdir()]
         except OSError:
             return []
-        return sorted(int(m.group(1)) for n in names if (m := _VERSION.match(n)))
+        return sorted(s for n in names if (s := parse_version(n)) is not None)
 
     def own_path(self, step: int) -> Path:
         """This rank's own shard of version ``step``."""

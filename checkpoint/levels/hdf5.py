@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import checksum
+from ..naming import version_name
 from ..shard import EncodedShard, fsync_dir
 from ..state import CheckpointError
 from .base import Level
@@ -119,7 +120,7 @@ class Hdf5Level(Level):
 
     def version_dir(self, step: int, node: int | None = None) -> Path:
         """In the shared root, not on a node."""
-        return self.job.root / "hdf5" / f"v{step:012d}"
+        return self.job.root / "hdf5" / version_name(step)
 
     def own_path(self, step: int) -> Path:
         """This rank's HDF5 file."""
