@@ -66,7 +66,7 @@ def machine_profile(args: argparse.Namespace) -> Any:
 
 def machine_layout(nodes: int, ppn: int) -> Any:
     """An even layout of ``nodes`` nodes with ``ppn`` ranks each."""
-    from ..collectives.cost.counts import Layout
+    from ..collectives.cost.tally import Layout
     from ..errors import UsageError
 
     if nodes < 1 or ppn < 1:
@@ -95,8 +95,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run(comm: Any, args: argparse.Namespace) -> int:
     from ..bench.harness import parse_size
-    from ..collectives.cost.counts import Layout
     from ..collectives.cost.explain import plan_for
+    from ..collectives.cost.tally import Layout
     from ..errors import UsageError
     from ..topology import Hierarchy
 

@@ -30,19 +30,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add_machine_arguments(parser)
 
 
-def _grid(rows: list[Any], node_counts: list[int], sizes: list[int]) -> str:
+def _grid(rows: list[Any], node_counts: list[int], sizes: list[int], collective: str) -> str:
     from ..bench.harness import format_size
-    from ..collectives.cost.simulate import ABBREVIATIONS
+    from ..collectives.cost.simulate import labels
 
+    short = labels(collective)
     win = {(r.nodes, r.nbytes): r.algorithm for r in rows if r.winner}
     head = f"{'size':>8} | " + " ".join(f"{n:>6}" for n in node_counts)
     lines = ["winner by size (rows) and nodes (columns):", head, "-" * len(head)]
     for nbytes in sizes:
-        cells = " ".join(f"{ABBREVIATIONS.get(win[(n, nbytes)], '?'):>6}" for n in node_counts)
+        cells = " ".join(f"{short.get(win[(n, nbytes)], '?'):>6}" for n in node_counts)
         lines.append(f"{format_size(nbytes):>8} | {cells}")
-    legend = ", ".join(
-        f"{v}={k}" for k, v in ABBREVIATIONS.items() if k in {r.algorithm for r in rows}
-    )
+    legend = ", ".join(f"{v}={k}" for k, v in short.items() if k in {r.algorithm for r in rows})
     lines.append(f"({legend})")
     return "\n".join(lines)
 
@@ -119,7 +118,7 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
             + f"  {best}"
         )
     print()
-    print(_grid(rows, node_counts, sizes))
+    print(_grid(rows, node_counts, sizes, args.collective))
     if args.output:
         write_csv(f"{args.output}.csv", [r.__dict__ for r in rows], comm=comm)
         title = f"{args.collective} winner, {args.ppn} ranks/node, {profile.name}"

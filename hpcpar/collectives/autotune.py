@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.env import TRUE_WORDS, getenv_fast
+from .registry import LIBRARY
 from .state import fast_state
 
 __all__ = [
@@ -83,11 +84,12 @@ def tuned_algorithm(x: Any, op: Any, comm: Any) -> tuple[str, str]:
     if state is not None and quick in state.tuned_quick:
         return state.tuned_quick[quick]
     from . import api
-    from .cost.counts import Layout
+    from .algorithms import ALGORITHMS
     from .cost.explain import plan_for
     from .cost.profile import active_profile
+    from .cost.tally import Layout
     from .ops import resolve_op
-    from .select import ALGORITHMS, valid_for
+    from .select import valid_for
     from .state import state_for
 
     state = state_for(comm)
@@ -102,9 +104,9 @@ def tuned_algorithm(x: Any, op: Any, comm: Any) -> tuple[str, str]:
                     itemsize=x.itemsize, commutative=rop.commutative,
                     calibrated_only=False)  # fmt: skip
     table = ALGORITHMS["allreduce"]
-    others = [p.algorithm for p in plan.ranking if p.algorithm != "mpi"
+    others = [p.algorithm for p in plan.ranking if p.algorithm != LIBRARY
               and valid_for(table[p.algorithm], rop, state) is None]  # fmt: skip
-    candidates = ["mpi", *others[:CANDIDATES]]
+    candidates = [LIBRARY, *others[:CANDIDATES]]
     scratch = x.copy()
     mine = [
         measure_calls(state, name, lambda name=name: api.allreduce(x, op, out=scratch, comm=comm,

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from .channel import Channel, CollectiveStats
+from .schedule import Schedule
 from .state import CommState
 
-__all__ = ["Call", "open_call"]
+__all__ = ["Call", "open_call", "on_flat"]
 
 
 class Call:
@@ -63,3 +67,12 @@ def open_call(
 ) -> Call:
     """Start a call: take the next tag and set up its counters."""
     return Call(state, CollectiveStats(collective, algorithm, nbytes), state.next_tag(), blocking)
+
+
+def on_flat(schedule: Callable[..., Schedule]) -> Callable[..., Schedule]:
+    """Adapt a schedule written for one channel to a call: it runs on all ranks, flat."""
+
+    def run(call: Call, *args: Any) -> Schedule:
+        return schedule(call.flat, *args)
+
+    return run

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .registry import LIBRARY
+
 __all__ = [
     "Channel",
     "CollectiveStats",
@@ -150,7 +152,7 @@ def last_stats() -> CollectiveStats | None:
     """Counters of the collective this rank completed last (messages and bytes per level)."""
     last = _last[0]
     if type(last) is tuple:  # the library's call, made by the fast path: made up on demand
-        stats = CollectiveStats(last[0], "mpi", last[1])
+        stats = CollectiveStats(last[0], LIBRARY, last[1])
         stats.inside_mpi = True
         _last[0] = last = stats
     return last

@@ -19,6 +19,7 @@ from ..runtime.env import RAW_ENVIRON, TRUE_WORDS
 from ..runtime.orphans import ADOPTED, progress_adopted
 from . import mpi_library
 from .channel import _last
+from .registry import LIBRARY
 from .select import choose
 from .state import fast_state
 
@@ -59,7 +60,7 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: each helper call costs ~7
         # auto's choice depends on the size, the element size and three variables
         key: tuple[Any, ...] = (x.nbytes, x.dtype, id(op), get(b"HPCPAR_ALGORITHM_ALLREDUCE"),
                                 get(b"HPCPAR_RULES"), get(b"HPCPAR_PROFILE"))  # fmt: skip
-    elif algorithm == "mpi":
+    elif algorithm == LIBRARY:
         key = (x.nbytes, x.dtype, id(op))
     else:
         return None
@@ -100,6 +101,6 @@ def _decide(state: Any, x: np.ndarray, op: Any, algorithm: str) -> Any:
         return None
     if algorithm == "auto":
         chosen = choose("allreduce", "auto", None, state, x.nbytes, x.itemsize)[0].name
-        if chosen != "mpi":
+        if chosen != LIBRARY:
             return None
     return mpi_library.native_mpi_op(op, x.dtype)

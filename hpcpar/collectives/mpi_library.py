@@ -1,8 +1,10 @@
-"""The ``mpi`` algorithm: the MPI library's own collective, always valid, and the baseline.
+"""Handing buffers and ops to the MPI library: native ops, byte types, user-defined ops.
 
 Predefined ops on the types MPI knows go to the library as they are. Anything else
 (bool sums, float16, structured dtypes, numpy ufuncs, Python functions) runs as a
-user-defined MPI op over a contiguous byte type, applied to whole buffers by numpy.
+user-defined MPI op over a contiguous byte type, applied to whole buffers by numpy
+(``Reduction``). The ``mpi`` algorithm (``algorithms/mpi.py``) and the fast paths use
+these.
 """
 
 from __future__ import annotations
@@ -12,21 +14,15 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .call import Call
 from .ops import ReduceOp
-from .schedule import Schedule
 
 __all__ = [
     "native_mpi_op",
     "blocking_allreduce",
-    "allreduce",
-    "reduce",
-    "bcast",
-    "allgatherv",
-    "reduce_scatter",
-    "alltoallv",
-    "barrier",
+    "is_native",
+    "byte_type",
     "buffer_spec",
+    "Reduction",
 ]
 
 _NATIVE_KINDS = {
@@ -80,7 +76,8 @@ def is_native(op: ReduceOp, dtype: np.dtype) -> bool:
     return bool(kinds) and dtype.kind in kinds and dtype.itemsize in _NATIVE_SIZES[dtype.kind]
 
 
-def _byte_type(itemsize: int) -> MPI.Datatype:
+def byte_type(itemsize: int) -> MPI.Datatype:
+    """A committed contiguous type of ``itemsize`` bytes (one per size, kept)."""
     if itemsize not in _byte_types:
         _byte_types[itemsize] = MPI.BYTE.Create_contiguous(itemsize).Commit()
     return _byte_types[itemsize]
@@ -88,7 +85,7 @@ def _byte_type(itemsize: int) -> MPI.Datatype:
 
 def buffer_spec(buf: np.ndarray) -> list[Any]:
     """An mpi4py buffer spec moving ``buf`` as opaque elements of its itemsize."""
-    return [buf.reshape(-1).view(np.uint8), buf.size, _byte_type(buf.itemsize)]
+    return [buf.reshape(-1).view(np.uint8), buf.size, byte_type(buf.itemsize)]
 
 
 def _apply(inbuf: Any, inoutbuf: Any, datatype: MPI.Datatype) -> None:
@@ -107,7 +104,7 @@ def _generic_op(commutative: bool) -> MPI.Op:
     return _generic_ops[commutative]
 
 
-class _Reduction:
+class Reduction:
     """The buffer spec and MPI op to reduce ``buf`` with, for the span of one call.
 
     Predefined ops on native types go straight to the library; anything else gets an
@@ -132,91 +129,3 @@ class _Reduction:
         if self.element is not None:
             del _dispatch[self.element.handle]
             self.element.Free()
-
-
-_reduction = _Reduction
-
-
-def allreduce(call: Call, buf: np.ndarray, op: ReduceOp) -> Schedule:
-    """MPI_Allreduce (or MPI_Iallreduce) in place."""
-    call.stats.inside_mpi = True
-    comm = call.state.private
-    with _reduction(buf, op) as (spec, mpi_op):
-        if call.blocking:
-            comm.Allreduce(MPI.IN_PLACE, spec, mpi_op)
-        else:
-            yield [comm.Iallreduce(MPI.IN_PLACE, spec, mpi_op)]
-
-
-def reduce(call: Call, buf: np.ndarray, op: ReduceOp, root: int) -> Schedule:
-    """MPI_Reduce (or MPI_Ireduce) in place at the root."""
-    call.stats.inside_mpi = True
-    comm = call.state.private
-    with _reduction(buf, op) as (spec, mpi_op):
-        send, recv = (MPI.IN_PLACE, spec) if comm.Get_rank() == root else (spec, None)
-        if call.blocking:
-            comm.Reduce(send, recv, mpi_op, root)
-        else:
-            yield [comm.Ireduce(send, recv, mpi_op, root)]
-
-
-def bcast(call: Call, buf: np.ndarray, root: int) -> Schedule:
-    """MPI_Bcast (or MPI_Ibcast)."""
-    call.stats.inside_mpi = True
-    if call.blocking:
-        call.state.private.Bcast(buffer_spec(buf), root)
-    else:
-        yield [call.state.private.Ibcast(buffer_spec(buf), root)]
-
-
-def allgatherv(call: Call, out: np.ndarray, counts: list[int]) -> Schedule:
-    """MPI_Iallgatherv in place (each rank's block already in ``out``)."""
-    call.stats.inside_mpi = True
-    byte_type = _byte_type(out.itemsize)
-    spec = [out.reshape(-1).view(np.uint8), (counts, None), byte_type]
-    if call.blocking:
-        call.state.private.Allgatherv(MPI.IN_PLACE, spec)
-    else:
-        yield [call.state.private.Iallgatherv(MPI.IN_PLACE, spec)]
-
-
-def reduce_scatter(call: Call, buf: np.ndarray, op: ReduceOp, counts: list[int]) -> Schedule:
-    """MPI_Ireduce_scatter in place: this rank's block of ``buf`` ends reduced."""
-    call.stats.inside_mpi = True
-    comm = call.state.private
-    rank = comm.Get_rank()
-    start = sum(counts[:rank])
-    # Not in place: MPICH 5.0.2 asserts (overlapping memcpy) on in-place reduce-scatter
-    # when one rank's block is the whole vector.
-    block = np.empty(counts[rank], dtype=buf.dtype)
-    with _reduction(buf, op) as (send_spec, mpi_op), _reduction(block, op) as (recv_spec, _):
-        if call.blocking:
-            comm.Reduce_scatter(send_spec, recv_spec, counts, mpi_op)
-        else:
-            yield [comm.Ireduce_scatter(send_spec, recv_spec, counts, mpi_op)]
-    buf[start : start + counts[rank]] = block
-
-
-def alltoallv(
-    call: Call, send: np.ndarray, send_counts: list[int], recv: np.ndarray, recv_counts: list[int]
-) -> Schedule:
-    """MPI_Alltoallv (or MPI_Ialltoallv)."""
-    call.stats.inside_mpi = True
-    byte_type = _byte_type(send.itemsize)
-    specs = (
-        [send.reshape(-1).view(np.uint8), (send_counts, None), byte_type],
-        [recv.reshape(-1).view(np.uint8), (recv_counts, None), byte_type],
-    )
-    if call.blocking:
-        call.state.private.Alltoallv(*specs)
-    else:
-        yield [call.state.private.Ialltoallv(*specs)]
-
-
-def barrier(call: Call) -> Schedule:
-    """MPI_Barrier (or MPI_Ibarrier)."""
-    call.stats.inside_mpi = True
-    if call.blocking:
-        call.state.private.Barrier()
-    else:
-        yield [call.state.private.Ibarrier()]

@@ -25,6 +25,7 @@ from .buffers import check_out, host_array
 from .channel import note_library_call
 from .errors import CollectiveError
 from .ops import resolve_op
+from .registry import LIBRARY
 from .schedule import PendingRequestWarning
 from .select import choose
 from .state import state_for
@@ -59,7 +60,7 @@ class PersistentAllreduce:
         self._freed = False
         self._request: Any = None
         self._mpi_op = mpi_library.native_mpi_op(op, data.dtype) if (
-            chosen.name == "mpi"
+            chosen.name == LIBRARY
             and type(x) is np.ndarray
             and type(out) is np.ndarray
             and x.flags.c_contiguous

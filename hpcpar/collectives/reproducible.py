@@ -26,9 +26,10 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .algorithms import ALGORITHMS, Algorithm
+from .algorithms import ALGORITHMS
 from .call import Call
 from .ops import ReduceOp, resolve_op
+from .registry import LIBRARY, Algorithm
 from .schedule import Schedule
 
 __all__ = ["allreduce", "is_exact", "grid_exponent", "split_limbs", "join_limbs", "LIMB_BITS"]
@@ -120,7 +121,7 @@ def _ordered_fold(call: Call, buf: np.ndarray, op: ReduceOp) -> Schedule:
     p, r = call.flat.size, call.flat.rank
     everyone = np.empty(p * buf.size, dtype=buf.dtype)
     everyone[r * buf.size : (r + 1) * buf.size] = buf
-    gather = ALGORITHMS["allgather"]["mpi"]
+    gather = ALGORITHMS["allgather"][LIBRARY]
     yield from gather.run(call, everyone, [buf.size] * p)
     rows = everyone.reshape(p, buf.size)
     buf[...] = rows[0]

@@ -10,9 +10,10 @@ always correct for the op (rank order kept for non-commutative ops).
 from __future__ import annotations
 
 from ..runtime.env import getenv_fast
-from .algorithms import ALGORITHMS, ORDER_CONTIGUOUS, ORDER_NONE, Algorithm
+from .algorithms import ALGORITHMS
 from .errors import CollectiveError
 from .ops import ReduceOp
+from .registry import LIBRARY, ORDER_CONTIGUOUS, ORDER_NONE, Algorithm
 from .state import CommState
 
 __all__ = ["choose", "valid_for"]
@@ -61,7 +62,7 @@ def choose(
             name, reason = auto_choice(collective, state, nbytes, itemsize, commutative)
             if valid_for(table[name], op, state):  # a rule cannot force a wrong result
                 name, reason = (
-                    "mpi",
+                    LIBRARY,
                     f"auto: {name} cannot reduce op {op.name}, so the library's call",
                 )
             return table[name], reason

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import sys
 
-from hpcpar.collectives.cost.counts import Layout
 from hpcpar.collectives.cost.explain import plan_for
 from hpcpar.collectives.cost.profile import load_profile
+from hpcpar.collectives.cost.tally import Layout
 
 _TUNED = ("mpi-direct", "auto", "autotune", "auto-persistent", "mpi-persistent")
 

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from hpcpar.collectives.cost.counts import Layout
 from hpcpar.collectives.cost.explain import plan_for
 from hpcpar.collectives.cost.model import predict, rank_algorithms
 from hpcpar.collectives.cost.profile import (
@@ -20,6 +19,7 @@ from hpcpar.collectives.cost.profile import (
     profile_from_json,
 )
 from hpcpar.collectives.cost.simulate import simulate
+from hpcpar.collectives.cost.tally import Layout
 
 # A classic flat network (one rank per node), no hpcpar overheads: the textbook setting.
 NETWORK = Profile("textbook", Level(1e-6, 1 / 10e9), Level(5e-6, 1 / 10e9), 1 / 20e9)
@@ -261,7 +261,7 @@ def test_rules_files(tmp_path):
 
 
 def test_pipelined_stages_overlap_fully_with_a_core_per_rank_and_on_the_link_without():
-    from hpcpar.collectives.pipelined import segment_elements
+    from hpcpar.collectives.algorithms.pipelined import segment_elements
 
     layout = Layout(tuple(r // 2 for r in range(8)))
     crowded = profile_from_json({**NETWORK.to_json(), "oversubscribed": True})
@@ -375,7 +375,10 @@ def test_a_fold_puts_the_whole_vector_on_the_absorbing_ranks_path():
     # Rabenseifner on 3 ranks, one per node: rank 1 receives rank 0's vector (the fold),
     # halves and doubles with rank 2 (n/2 each way), sends the result back to rank 0:
     # 3n over its link, where the ring moves 4/3 n. Bandwidth only, by hand.
-    from hpcpar.collectives.cost.model import _sharing
+    from hpcpar.collectives.algorithms import ALGORITHMS
+
+    def senders(name, layout, rank):
+        return ALGORITHMS["allreduce"][name].senders(layout, rank)
 
     beta = 1 / 1e9
     bandwidth_only = Profile("bw", Level(0.0, 1 / 100e9), Level(0.0, beta), 0.0)
@@ -388,14 +391,14 @@ def test_a_fold_puts_the_whole_vector_on_the_absorbing_ranks_path():
     # folded ranks sit out: 6 ranks on 3 nodes fold ranks 0 and 2 into 1 and 3, so one
     # rank per node drives the first two links and two the third
     layout = Layout((0, 0, 1, 1, 2, 2))
-    assert [_sharing("rabenseifner", layout, r) for r in range(6)] == [1, 1, 1, 1, 2, 2]
-    assert [_sharing("ring", layout, r) for r in range(6)] == [1] * 6
-    assert [_sharing("multi_leader", layout, r) for r in range(6)] == [2] * 6
+    assert [senders("rabenseifner", layout, r) for r in range(6)] == [1, 1, 1, 1, 2, 2]
+    assert [senders("ring", layout, r) for r in range(6)] == [1] * 6
+    assert [senders("multi_leader", layout, r) for r in range(6)] == [2] * 6
 
 
 def test_three_leaders_take_the_ring_for_large_commutative_vectors():
+    from hpcpar.collectives.algorithms.two_level import leaders_use_ring
     from hpcpar.collectives.cost.counts import counts_for
-    from hpcpar.collectives.two_level import leaders_use_ring
 
     assert leaders_use_ring(3, 1 << 20, True)
     assert not leaders_use_ring(3, 1 << 20, False)  # the ring reorders operands

@@ -21,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from .counts import Layout, counts_for
+from ..algorithms import ALGORITHMS
+from .counts import counts_for
 from .profile import Level, Profile
+from .tally import Layout
 
 __all__ = ["calibrate", "PING_SIZES", "LIBRARY_SIZES"]
 
@@ -141,10 +143,10 @@ def _software_costs(
     """What hpcpar's Python adds: per call and per round of its schedules, per library call.
 
     A library call through hpcpar (``algorithm="mpi"``) against the library's own call
-    gives the last. For its own schedules, two algorithms with different round counts
-    (recursive doubling, ring) on 8 bytes are timed, the model's network and reduction
-    time for each (``profile`` without software costs) is taken off, and the rest is
-    fitted as ``call + rounds x step``.
+    gives the last. For its own schedules, the classic flat allreduce with the fewest
+    rounds and the one with the most (recursive doubling and the ring) on 8 bytes are
+    timed, the model's network and reduction time for each (``profile`` without
+    software costs) is taken off, and the rest is fitted as ``call + rounds x step``.
     """
     import hpcpar
 
@@ -157,7 +159,7 @@ def _software_costs(
     )
     layout = Layout(tuple(hierarchy.node_of))
     rest = []
-    for name in ("recursive_doubling", "ring"):
+    for name in _fewest_and_most_rounds(layout):
         timed = _per_call(
             comm,
             lambda name=name: hpcpar.allreduce(x, out=out, comm=hierarchy, algorithm=name),
@@ -169,6 +171,13 @@ def _software_costs(
     step = max((r_many - r_few) / (many - few), 0.0) if many > few else 0.0
     call = max(r_few - few * step, 0.0)
     return call, step, max(through - direct, 0.0)
+
+
+def _fewest_and_most_rounds(layout: Layout) -> list[str]:
+    """The classic flat allreduce algorithms with the fewest and the most rounds."""
+    flat = [n for n, r in ALGORITHMS["allreduce"].items() if r.classic and not r.hierarchical]
+    rounds = {n: counts_for("allreduce", n, layout, 0, 1, 8).rounds for n in flat}  # type: ignore[union-attr]
+    return [min(flat, key=rounds.__getitem__), max(flat, key=rounds.__getitem__)]
 
 
 def _send_methods(comm: Any, repeats: int) -> list[list[float]]:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..algorithms import ALGORITHMS
 from ..errors import CollectiveError
 from ..names import COLLECTIVES
-from ..pipelined import segment_elements
-from .counts import Layout
+from ..registry import LIBRARY
 from .model import TIE, Prediction, rank_algorithms
 from .profile import Profile, active_profile, default_profile
+from .tally import Layout
 
 __all__ = ["Plan", "explain", "plan_for", "auto_choice"]
 
@@ -26,7 +27,7 @@ class Plan:
         reason: Why, in one sentence.
         predicted_s: The model's time for the model's choice.
         ranking: Every valid algorithm, fastest predicted first.
-        segment_bytes: Segment size when the choice is pipelined.
+        segment_bytes: Segment size when the choice runs in segments.
         profile: The profile's name.
         ranks: Ranks in the job; nodes: nodes in the layout.
     """
@@ -113,21 +114,24 @@ def plan_for(
     best = ranking[0]
     follow = active.calibrated or not calibrated_only
     if collective == "alltoallv":
-        chosen, reason = "mpi", "alltoallv sizes differ per rank, so auto keeps the library's call"
+        chosen, reason = (
+            LIBRARY,
+            "alltoallv sizes differ per rank, so auto keeps the library's call",
+        )
     elif follow:
         runner = ranking[1] if len(ranking) > 1 else None
         chosen = best.algorithm
         reason = f"fastest predicted ({best.seconds * 1e6:.1f} us)" + (
             f"; next {runner.algorithm} at {runner.seconds * 1e6:.1f} us" if runner else ""
         )
-        if runner and runner.seconds <= best.seconds * (1 + TIE) and runner.algorithm != "mpi":
+        if runner and runner.seconds <= best.seconds * (1 + TIE) and runner.algorithm != LIBRARY:
             reason += (
                 f" (a tie within {TIE:.1%}: fewer messages over all ranks, "
                 f"{best.messages} against {runner.messages})"
             )
-        library = next((pred for pred in ranking if pred.algorithm == "mpi"), None)
-        if chosen != "mpi" and library and best.seconds >= library.seconds * (1 - active.margin):
-            chosen = "mpi"
+        library = next((pred for pred in ranking if pred.algorithm == LIBRARY), None)
+        if chosen != LIBRARY and library and best.seconds >= library.seconds * (1 - active.margin):
+            chosen = LIBRARY
             reason = (
                 f"{best.algorithm} is predicted fastest ({best.seconds * 1e6:.1f} us) but not "
                 f"{active.margin:.0%} faster than the MPI library's call "
@@ -135,12 +139,13 @@ def plan_for(
                 f"autotune=True times the candidates and the library on first use)"
             )
     else:
-        chosen = "mpi"
+        chosen = LIBRARY
         reason = (
             f"no calibrated profile (run 'hpcpar calibrate' and set HPCPAR_PROFILE), so the "
             f"MPI library's own call; the default model would pick {best.algorithm}"
         )
-    segment = segment_elements(itemsize) * itemsize if chosen == "pipelined" else None
+    cut = ALGORITHMS[collective][chosen].segment_bytes
+    segment = cut(itemsize) if cut is not None else None
     return Plan(
         collective,
         nbytes,
@@ -200,7 +205,7 @@ def auto_choice(
             )
     profile = active_profile()
     if profile is None or not profile.calibrated or collective == "alltoallv":
-        return "mpi", "auto: the MPI library's own call (no calibrated profile in HPCPAR_PROFILE)"
+        return LIBRARY, "auto: the MPI library's own call (no calibrated profile in HPCPAR_PROFILE)"
     key = (collective, nbytes.bit_length(), itemsize, commutative, profile.name)
     cache = state.auto_cache
     if key not in cache:

@@ -24,36 +24,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..algorithms import ALGORITHMS, ORDER_NONE
-from ..pipelined import segment_elements
-from ..recursive_doubling import fold, new_rank
-from .counts import (
-    Counts,
-    Layout,
-    _binomial_bcast,
-    _binomial_reduce,
-    _groups,
-    _leaders_allreduce,
-    counts_for,
-)
+from ..algorithms import ALGORITHMS
+from ..registry import LIBRARY, ORDER_ANY, ORDER_NONE, Algorithm
+from .counts import counts_for, shape_of
 from .profile import Profile
+from .tally import Counts, Layout, whole_node
 
-__all__ = ["Prediction", "predict", "rank_algorithms", "representatives", "CLASSIC", "TIE"]
+__all__ = ["Prediction", "predict", "rank_algorithms", "representatives", "classic", "TIE"]
 
 TIE = 0.002  # predictions this close (relative) count as tied
 
-CLASSIC = {
-    "allreduce": ("recursive_doubling", "rabenseifner", "ring"),
-    "reduce": ("binomial",),
-    "bcast": ("binomial", "scatter_allgather"),
-    "allgather": ("ring", "recursive_doubling"),
-    "reduce_scatter": ("ring",),
-    "alltoall": ("pairwise", "bruck"),
-    "alltoallv": ("pairwise",),
-    "barrier": ("dissemination",),
-}
-_HIERARCHICAL_SINGLE_SENDER = {"two_level", "pipelined"}
-_FOLDED = {"recursive_doubling", "rabenseifner"}  # flat, fold a count that is not 2^k
+
+def classic(collective: str) -> list[str]:
+    """The flat textbook algorithms of ``collective`` (what an MPI library may run itself)."""
+    return [name for name, record in ALGORITHMS[collective].items() if record.classic]
 
 
 @dataclass
@@ -86,25 +70,11 @@ def representatives(layout: Layout, limit: int = 64) -> list[int]:
     if p <= limit:
         return list(range(p))
     picks = {0, 1, p - 1, p - 2, p // 2}
-    _, rem = fold(p)
+    rem = p - (1 << (p.bit_length() - 1))  # pairs a fold to a power of two leaves
     picks |= {max(0, 2 * rem - 2), max(0, 2 * rem - 1), min(p - 1, 2 * rem)}
     for ranks in layout.node_ranks[:2] + layout.node_ranks[-2:]:
         picks |= {ranks[0], ranks[-1]}
     return sorted(picks)
-
-
-def _sharing(algorithm: str, layout: Layout, rank: int) -> int:
-    node = layout.node_ranks[layout.node_of[rank]]
-    if algorithm in _HIERARCHICAL_SINGLE_SENDER:
-        return 1
-    if algorithm == "multi_leader":
-        return min(len(r) for r in layout.node_ranks)
-    if algorithm == "ring" and list(layout.node_of) == sorted(layout.node_of):
-        return 1  # one ring edge leaves each node
-    if algorithm in _FOLDED:  # the ranks folded away are idle while the others exchange
-        _, rem = fold(layout.size)
-        return max(1, sum(1 for r in node if new_rank(r, rem) >= 0))
-    return len(node)
 
 
 def _price(c: Counts, profile: Profile, sharing: int) -> dict[str, float]:
@@ -131,34 +101,16 @@ def _hidden(parts: dict[str, float]) -> float:
 
 
 def _pipelined(
-    collective: str,
-    layout: Layout,
-    rank: int,
-    count: int,
-    itemsize: int,
-    profile: Profile,
-    root: int,
-    commutative: bool = True,
+    record: Algorithm, layout: Layout, rank: int, shape: object, profile: Profile
 ) -> dict[str, float]:
     """Stages overlap across segments: the first segment pays all, the rest the slowest."""
-    g = _groups(layout, rank)
-    step = segment_elements(itemsize)
-    m = min(count, step)
-    segments = max(1, -(-count // step))
-    stages = [Counts() for _ in range(3)]
-    if collective == "allreduce":
-        _binomial_reduce(stages[0], g.node, g.local, m * itemsize, 0)
-        if g.leaders is not None:
-            _leaders_allreduce(stages[1], g.leaders, g.node_index, m, itemsize, commutative)
-    elif g.leaders is not None:  # bcast: leaders, then within the node
-        _binomial_bcast(stages[1], g.leaders, g.node_index, m * itemsize, layout.node_of[root])
-    _binomial_bcast(stages[2], g.node, g.local, m * itemsize, 0)
+    stages, segments = record.stages(layout, rank, shape)  # type: ignore[misc]
     priced = [_price(c, profile, 1) for c in stages]
     times = [sum(parts.values()) - profile.call_s for parts in priced]
     parts = {
         kind: sum(p[kind] for p in priced) for kind in ("intra", "inter", "reduce", "software")
     }
-    parts["software"] -= 2 * profile.call_s  # one call, not one per stage
+    parts["software"] -= (len(stages) - 1) * profile.call_s  # one call, not one per stage
     if profile.oversubscribed:
         # The stages of later segments queue for the same cores: what needs a core
         # (copies inside the node, reductions, Python) runs one stage after another,
@@ -184,8 +136,13 @@ def predict(
     counts: list[int] | None = None,
 ) -> Prediction:
     """Predict one algorithm's time for one call (see the module docstring)."""
-    if algorithm == "mpi":
+    record = ALGORITHMS[collective][algorithm]
+    if record.counts is None:
         return _library(collective, layout, count, itemsize, profile, root, counts)
+    shape = shape_of(
+        collective, layout, count, itemsize, root=root, counts=counts, commutative=commutative
+    )
+    senders = record.senders or whole_node
     worst: Prediction | None = None
     messages = 0
     for rank in representatives(layout):
@@ -202,19 +159,15 @@ def predict(
         )
         assert c is not None
         messages += c.messages_intra + c.messages_inter
-        if algorithm == "pipelined" and collective in ("allreduce", "bcast"):
-            parts = _pipelined(
-                collective, layout, rank, count, itemsize, profile, root, commutative
-            )
+        if record.stages is not None:
+            parts = _pipelined(record, layout, rank, shape, profile)
         else:
-            parts = _price(c, profile, _sharing(algorithm, layout, rank))
+            parts = _price(c, profile, senders(layout, rank))
         if profile.oversubscribed:
             parts["overlap"] = parts.get("overlap", 0.0) - _hidden(parts)
         total = sum(parts.values())
         if worst is None or total > worst.seconds:
-            worst = Prediction(
-                algorithm, total, parts, rank, None if algorithm == "pipelined" else c
-            )
+            worst = Prediction(algorithm, total, parts, rank, None if record.stages else c)
     assert worst is not None
     worst.messages = messages
     return worst
@@ -234,7 +187,7 @@ def _library(
     if measured is not None:
         parts = {"measured": measured, "software": profile.library_call_s}
         return Prediction(
-            "mpi", measured + profile.library_call_s, parts, note="measured in the profile"
+            LIBRARY, measured + profile.library_call_s, parts, note="measured in the profile"
         )
 
     def without_python(pred: Prediction) -> float:  # hpcpar's Python, and what hid it
@@ -244,7 +197,7 @@ def _library(
     best = min(
         (
             predict(collective, name, layout, count, itemsize, profile, root=root, counts=counts)
-            for name in CLASSIC[collective]
+            for name in classic(collective)
         ),
         key=without_python,
     )
@@ -253,7 +206,7 @@ def _library(
     if profile.oversubscribed:
         parts["overlap"] = parts.get("overlap", 0.0) + _hidden(best.parts)
     return Prediction(
-        "mpi",
+        LIBRARY,
         seconds,
         parts,
         best.worst_rank,
@@ -278,7 +231,7 @@ def rank_algorithms(
     out = []
     for name, algorithm in ALGORITHMS[collective].items():
         if not commutative and (
-            algorithm.order == ORDER_NONE or (algorithm.order != "any" and not contiguous)
+            algorithm.order == ORDER_NONE or (algorithm.order != ORDER_ANY and not contiguous)
         ):
             continue
         out.append(
@@ -315,7 +268,7 @@ def _break_ties(ranked: list[Prediction]) -> list[Prediction]:
         out += sorted(
             ranked[i:j],
             key=lambda pred: (
-                pred.algorithm != "mpi" or pred.note.startswith("modelled"),
+                pred.algorithm != LIBRARY or pred.note.startswith("modelled"),
                 pred.messages,
                 pred.note.startswith("modelled"),
             ),

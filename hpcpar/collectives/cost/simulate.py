@@ -5,25 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..algorithms import ALGORITHMS
-from .counts import Layout
+from ..registry import LIBRARY
 from .model import predict
 from .profile import Profile
+from .tally import Layout
 
-__all__ = ["SimulationRow", "simulate", "ABBREVIATIONS"]
+__all__ = ["SimulationRow", "simulate", "labels"]
 
-ABBREVIATIONS = {
-    "ring": "RG",
-    "recursive_doubling": "RD",
-    "rabenseifner": "RB",
-    "two_level": "2L",
-    "multi_leader": "ML",
-    "pipelined": "PL",
-    "binomial": "BN",
-    "scatter_allgather": "SA",
-    "pairwise": "PW",
-    "bruck": "BR",
-    "dissemination": "DS",
-}
+
+def labels(collective: str) -> dict[str, str]:
+    """Each algorithm's short label, for tables (from its record)."""
+    return {name: record.label for name, record in ALGORITHMS[collective].items()}
 
 
 @dataclass(frozen=True)
@@ -56,7 +48,7 @@ def simulate(
     only simulated.
     """
     rows: list[SimulationRow] = []
-    names = [name for name in ALGORITHMS[collective] if name != "mpi"]
+    names = [name for name in ALGORITHMS[collective] if name != LIBRARY]
     for nodes in node_counts:
         layout = _layout(nodes, ppn)
         for nbytes in sizes:

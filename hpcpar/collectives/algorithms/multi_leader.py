@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..call import Call
+from ..channel import even_counts, offsets
+from ..cost.tally import Counts, Groups, Layout
+from ..registry import ORDER_NONE, Algorithm, Shape
+from ..schedule import Schedule
 from . import ring
-from .call import Call
-from .channel import even_counts, offsets
-from .schedule import Schedule
-from .two_level import leaders_allreduce
+from .two_level import count_leaders_allreduce, leaders_allreduce
 
-__all__ = ["allreduce", "slice_counts"]
+__all__ = ["allreduce", "slice_counts", "ALGORITHMS"]
 
 
 def slice_counts(n: int, local_size: int, slices: int) -> list[int]:
@@ -36,3 +38,32 @@ def allreduce(call: Call, buf: np.ndarray, op: object) -> Schedule:
         starts = offsets(counts)
         yield from leaders_allreduce(call.rail, buf[starts[node.rank] : starts[node.rank + 1]], op)
     yield from ring.allgather(node, buf, counts)
+
+
+def _count_allreduce(c: Counts, g: Groups, rank: int, s: Shape) -> None:
+    slices = min(len(r) for r in g.node_ranks)
+    counts = slice_counts(s.count, len(g.node), slices)
+    ring.count_reduce_scatter(c, g.node, g.local, counts, s.itemsize)
+    if g.local < slices:
+        count_leaders_allreduce(c, g.rail, g.rail_me, counts[g.local], s.itemsize, s.commutative)
+    ring.count_allgather(c, g.node, g.local, counts, s.itemsize)
+
+
+def _rails(layout: Layout, rank: int) -> int:
+    # every rail that carries a slice crosses the link at once
+    return min(len(r) for r in layout.node_ranks)
+
+
+ALGORITHMS = (
+    Algorithm(
+        "multi_leader",
+        "allreduce",
+        allreduce,
+        "ML",
+        _count_allreduce,
+        order=ORDER_NONE,
+        hierarchical=True,
+        senders=_rails,
+        summary="node reduce-scatter, one allreduce per rail, node allgather",
+    ),
+)

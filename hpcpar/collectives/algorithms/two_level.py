@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import binomial, rabenseifner, recursive_doubling, ring
-from .call import Call
-from .channel import Channel, offsets
-from .schedule import Schedule
+from ..call import Call
+from ..channel import Channel, offsets
+from ..cost.tally import Counts, Groups, one_per_node
+from ..registry import ORDER_ANY, ORDER_CONTIGUOUS, ORDER_NONE, Algorithm, Shape
+from ..schedule import Schedule
+from . import binomial, dissemination, rabenseifner, recursive_doubling, ring
 
 __all__ = [
     "allreduce",
     "leaders_allreduce",
     "leaders_use_ring",
+    "count_leaders_allreduce",
     "reduce",
     "bcast",
     "allgather",
     "reduce_scatter",
     "barrier",
+    "LARGE_BYTES",
+    "ALGORITHMS",
 ]
 
 # Above this many bytes the leaders use Rabenseifner's bandwidth-optimal allreduce.
@@ -120,8 +125,6 @@ def _by_node(
 
 def allgather(call: Call, out: np.ndarray, counts: list[int]) -> Schedule:
     """Node gather to leaders, leaders allgather of node blocks, node bcast, reorder."""
-    from . import ring
-
     state = call.state
     staged, starts, node_counts = _by_node(state, out, counts)
     node_totals = [sum(c) for c in node_counts]
@@ -141,8 +144,6 @@ def allgather(call: Call, out: np.ndarray, counts: list[int]) -> Schedule:
 
 def reduce_scatter(call: Call, buf: np.ndarray, op: object, counts: list[int]) -> Schedule:
     """Node reduce, leaders reduce-scatter of node shares, node scatter."""
-    from . import ring
-
     state = call.state
     staged, starts, node_counts = _by_node(state, buf, counts)
     yield from binomial.reduce(call.node, staged, op, root=0)
@@ -161,10 +162,111 @@ def reduce_scatter(call: Call, buf: np.ndarray, op: object, counts: list[int]) -
 
 def barrier(call: Call) -> Schedule:
     """Node gather of a token, dissemination among leaders, node bcast."""
-    from . import dissemination
-
     token = np.zeros(call.node.size, np.uint8)
     yield from binomial.gather(call.node, token, [1] * call.node.size, root=0)
     if call.leaders is not None:
         yield from dissemination.barrier(call.leaders)
     yield from binomial.bcast(call.node, token[:1], root=0)
+
+
+# ---- exact counts ----------------------------------------------------------------------
+
+
+def count_leaders_allreduce(
+    c: Counts, nodes: list[int], me: int, n: int, item: int, commutative: bool
+) -> None:
+    """What ``leaders_allreduce`` of ``n`` elements sends and reduces from position ``me``."""
+    if leaders_use_ring(len(nodes), n * item, commutative):
+        ring.count_allreduce(c, nodes, me, n, item)
+        return
+    inner = rabenseifner if n * item >= LARGE_BYTES else recursive_doubling
+    inner.count_allreduce(c, nodes, me, n, item)
+
+
+def _count_allreduce(c: Counts, g: Groups, rank: int, s: Shape) -> None:
+    binomial.count_reduce(c, g.node, g.local, s.nbytes, 0)
+    if g.leaders is not None:
+        count_leaders_allreduce(c, g.leaders, g.node_index, s.count, s.itemsize, s.commutative)
+    binomial.count_bcast(c, g.node, g.local, s.nbytes, 0)
+
+
+def _count_reduce(c: Counts, g: Groups, rank: int, s: Shape) -> None:
+    root_node = g.flat[s.root]
+    root_leader = g.node_ranks[root_node][0]
+    leader0 = g.node_ranks[0][0]
+    binomial.count_reduce(c, g.node, g.local, s.nbytes, 0)
+    if g.leaders is not None:
+        binomial.count_reduce(c, g.leaders, g.node_index, s.nbytes, 0)
+        if root_node != 0 and rank == leader0:
+            c.send(s.nbytes, False)
+    if s.root != root_leader and rank == root_leader:
+        c.send(s.nbytes, True)
+
+
+def count_root_hop(c: Counts, g: Groups, rank: int, s: Shape) -> None:
+    """The root's message to its node's leader, when the root is not the leader."""
+    root_leader = g.node_ranks[g.flat[s.root]][0]
+    if s.root != root_leader and rank == s.root:
+        c.send(s.nbytes, True)
+
+
+def _count_bcast(c: Counts, g: Groups, rank: int, s: Shape) -> None:
+    count_root_hop(c, g, rank, s)
+    if g.leaders is not None:
+        binomial.count_bcast(c, g.leaders, g.node_index, s.nbytes, g.flat[s.root])
+    binomial.count_bcast(c, g.node, g.local, s.nbytes, 0)
+
+
+def _count_allgather(c: Counts, g: Groups, rank: int, s: Shape) -> None:
+    node_counts = [[s.counts[r] for r in ranks] for ranks in g.node_ranks]
+    binomial.count_gather(c, g.node, g.local, node_counts[g.node_index], s.itemsize, 0)
+    if g.leaders is not None:
+        totals = [sum(x) for x in node_counts]
+        ring.count_allgather(c, g.leaders, g.node_index, totals, s.itemsize)
+    binomial.count_bcast(c, g.node, g.local, sum(s.counts) * s.itemsize, 0)
+
+
+def _count_reduce_scatter(c: Counts, g: Groups, rank: int, s: Shape) -> None:
+    node_counts = [[s.counts[r] for r in ranks] for ranks in g.node_ranks]
+    binomial.count_reduce(c, g.node, g.local, sum(s.counts) * s.itemsize, 0)
+    if g.leaders is not None:
+        totals = [sum(x) for x in node_counts]
+        ring.count_reduce_scatter(c, g.leaders, g.node_index, totals, s.itemsize)
+    binomial.count_scatter(c, g.node, g.local, node_counts[g.node_index], s.itemsize, 0)
+
+
+def _count_barrier(c: Counts, g: Groups, rank: int, s: Shape) -> None:
+    binomial.count_gather(c, g.node, g.local, [1] * len(g.node), 1, 0)
+    if g.leaders is not None:
+        dissemination.count_barrier(c, g.leaders, g.node_index)
+    binomial.count_bcast(c, g.node, g.local, 1, 0)
+
+
+def _record(collective: str, run: object, counts: object, order: str, summary: str) -> Algorithm:
+    return Algorithm(
+        "two_level",
+        collective,
+        run,  # type: ignore[arg-type]
+        "2L",
+        counts,  # type: ignore[arg-type]
+        order=order,
+        hierarchical=True,
+        senders=one_per_node,
+        summary=summary,
+    )
+
+
+ALGORITHMS = (
+    _record("allreduce", allreduce, _count_allreduce, ORDER_CONTIGUOUS,
+            "node reduce, allreduce among node leaders, node bcast"),
+    _record("reduce", reduce, _count_reduce, ORDER_CONTIGUOUS,
+            "node reduce, leaders reduce, on to the root"),
+    _record("bcast", bcast, _count_bcast, ORDER_ANY,
+            "to the root's leader, bcast among leaders, node bcast"),
+    _record("allgather", allgather, _count_allgather, ORDER_ANY,
+            "node gather, leaders allgather node blocks, node bcast"),
+    _record("reduce_scatter", reduce_scatter, _count_reduce_scatter, ORDER_NONE,
+            "node reduce, leaders reduce-scatter node shares, node scatter"),
+    _record("barrier", barrier, _count_barrier, ORDER_ANY,
+            "node gather, dissemination among leaders, node bcast"),
+)  # fmt: skip
