@@ -7,7 +7,8 @@ parallel file system). ``hpcpar.checkpoint.faults`` injects crashes and damage.
 
 from __future__ import annotations
 
-from .manager import LEVELS, Checkpointer, SaveHandle
+from .levels import LEVELS
+from .manager import Checkpointer, SaveHandle
 from .policy import young_daly_interval
 from .state import CheckpointError
 

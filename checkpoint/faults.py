@@ -16,15 +16,14 @@ checkpoint directory after the job, as the tests and ``hpcpar checkpoint inject`
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import signal
-import threading
 from pathlib import Path
 from typing import Any
 
-from .naming import version_name
+from .armed import arm, disarm
+from .levels import file_levels, level_class
 from .state import CheckpointError
 
 __all__ = [
@@ -34,11 +33,10 @@ __all__ = [
     "delete_node",
     "flip_bytes",
     "truncate_manifest",
-    "check_write",
+    "shard_path",
 ]
 
 PHASES = ("snapshot", "write", "before-commit", "after-commit")
-_active = threading.local()
 
 
 class Fault:
@@ -69,8 +67,15 @@ class Fault:
     def arm_write(self, step: int, rank: int, level: str) -> None:
         """Arm this thread's next shard write (ENOSPC, or a kill half way), if targeted."""
         hit = self.hits(step, rank)
-        _active.enospc = hit and self.enospc == level
-        _active.kill_half = hit and self.kill == "write" and self.level in (None, level)
+        arm(
+            hit and self.enospc == level,
+            hit and self.kill == "write" and self.level in (None, level),
+        )
+
+    @staticmethod
+    def disarm() -> None:
+        """Clear this thread's armed write faults (after each level's write)."""
+        disarm()
 
 
 def parse_fault(text: str | None) -> Fault | None:
@@ -102,25 +107,20 @@ def parse_fault(text: str | None) -> Fault | None:
         raise CheckpointError(
             f"HPCPAR_CHECKPOINT_FAULT: unknown phase {fields['kill']!r}; one of {', '.join(PHASES)}"
         )
+    for key in ("enospc", "level"):
+        if key in fields and fields[key] not in file_levels():
+            raise CheckpointError(
+                f"HPCPAR_CHECKPOINT_FAULT: {key}={fields[key]!r} is not a level with files; "
+                f"one of {', '.join(file_levels())}"
+            )
+    if "kill" not in fields and "enospc" not in fields:
+        raise CheckpointError(
+            "HPCPAR_CHECKPOINT_FAULT: no fault given (kill=PHASE or enospc=LEVEL)"
+        )
+    for key in ("step", "rank"):
+        if fields.get(key, 0) < 0:
+            raise CheckpointError(f"HPCPAR_CHECKPOINT_FAULT: {key} must be >= 0")
     return Fault(**fields)
-
-
-def check_write(path: Path) -> None:
-    """Called at the start of every shard write: raise an armed ENOSPC."""
-    if getattr(_active, "enospc", False):
-        _active.enospc = False
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-
-
-def at_half() -> None:
-    """Called when half of a shard file is written: die if armed."""
-    if getattr(_active, "kill_half", False):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def disarm() -> None:
-    """Clear this thread's armed write faults."""
-    _active.enospc = _active.kill_half = False
 
 
 # ---- damage at rest ------------------------------------------------------------------
@@ -140,24 +140,24 @@ def delete_node(root: Path, node: int, local_dir: Path | None = None) -> Path:
 
 
 def shard_path(root: Path, level: str, step: int, rank: int, node: int | None = None) -> Path:
-    """Where a rank's own shard of a version lives at a level (node needed for node levels).
+    """Where a rank's own file of a version lives at a level (any node when not given).
 
     Raises:
-        CheckpointError: unknown level, or no node given for a node-local level.
+        CheckpointError: unknown level, one without files, or no such file.
     """
+    cls = level_class(level)
+    if cls.in_memory:
+        raise CheckpointError(f"level {level!r} keeps no files")
     root = Path(root)
-    if level == "hdf5":
-        return root / "hdf5" / version_name(step) / f"rank{rank}.h5"
-    if level not in ("local", "partner", "xor"):
-        raise CheckpointError(f"unknown level {level!r}")
-    if node is None:
-        found = sorted(
-            (root / "nodes").glob(f"node*/{level}/{version_name(step)}/rank{rank}.shard")
-        )
-        if not found:
-            raise CheckpointError(f"no {level} shard of version {step} for rank {rank}")
-        return found[0]
-    return _node_dir(root, node) / level / version_name(step) / f"rank{rank}.shard"
+    nodes = root / "nodes"
+    name = f"rank{rank}.{cls.own_kind}"
+    if not cls.node_local or node is not None:
+        return cls.folder(root, nodes, step, node or 0) / name
+    for found in sorted(nodes.glob("node*")):
+        index = found.name.removeprefix("node")
+        if index.isdigit() and (path := cls.folder(root, nodes, step, int(index)) / name).exists():
+            return path
+    raise CheckpointError(f"no {level} file of version {step} for rank {rank}")
 
 
 def flip_bytes(path: Path, offset: int = 0, count: int = 1) -> None:

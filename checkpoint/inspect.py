@@ -9,15 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from .levels.hdf5 import read_h5
+from .levels import LEVELS, file_levels
 from .naming import parse_marker, parse_version
-from .policy import LEVELS
-from .shard import decode_shard, read_bytes, read_file
+from .shard import decode_shard, read_bytes
 from .state import CheckpointError
 
-__all__ = ["scan", "verify", "describe_state", "FILE_LEVELS"]
-
-FILE_LEVELS = tuple(n for n in LEVELS if n != "memory")
+__all__ = ["scan", "verify", "describe_state"]
 _FILE = re.compile(r"^(rank|copy-rank)(\d+)\.(shard|parity|h5)$")
 
 
@@ -49,13 +46,12 @@ def scan(root: Path, local_dir: Path | None = None) -> dict[str, Any]:
     doc = _job(root)
     nodes = Path(local_dir) if local_dir is not None else root / "nodes"
     levels: dict[str, Any] = {}
-    for level in FILE_LEVELS:
+    for level in file_levels():
+        cls = LEVELS[level]
         markers = root / "commits" / level
         found = (parse_marker(p.name) for p in markers.glob("v*.committed"))
         committed = sorted((s for s in found if s is not None), reverse=True)
-        base, pattern = (
-            (root / "hdf5", "v*/*") if level == "hdf5" else (nodes, f"node*/{level}/v*/*")
-        )
+        base, pattern = (nodes, f"node*/{level}/v*/*") if cls.node_local else (root / level, "v*/*")
         files: dict[int, list[tuple[str, int, Path]]] = {}
         if base.is_dir():
             for path in sorted(base.glob(pattern)):
@@ -73,11 +69,11 @@ def scan(root: Path, local_dir: Path | None = None) -> dict[str, Any]:
     return {"ranks": doc["ranks"], "levels": levels}
 
 
-def _check(kind: str, step: int, rank: int, path: Path) -> str:
+def _check(level: str, kind: str, step: int, rank: int, path: Path) -> str:
     try:
-        if kind == "h5":
-            read_h5(path, step, rank)
-        else:
+        if kind == LEVELS[level].own_kind:
+            LEVELS[level].read(path, step, rank)
+        else:  # a partner's copy or parity: shards either way
             decode_shard(read_bytes(path), step, rank, where=str(path))
     except CheckpointError as exc:
         return str(exc)
@@ -94,13 +90,13 @@ def verify(root: Path, local_dir: Path | None = None) -> list[tuple[str, int, in
     info = scan(root, local_dir)
     out = []
     for level, entry in info["levels"].items():
-        own = "h5" if level == "hdf5" else "shard"
+        own = LEVELS[level].own_kind
         for step in entry["committed"]:
             files = entry["files"].get(step, [])
             have = {r for kind, r, _ in files if kind == own}
             out += [(level, step, r, own, "missing") for r in range(info["ranks"]) if r not in have]
             for kind, rank, path in files:
-                out.append((level, step, rank, kind, _check(kind, step, rank, path)))
+                out.append((level, step, rank, kind, _check(level, kind, step, rank, path)))
     return out
 
 
@@ -133,13 +129,13 @@ def describe_state(
         version = entry["committed"][0] if step is None else step
         if version not in entry["committed"]:
             continue
-        kind = "h5" if name == "hdf5" else "shard"
+        kind = LEVELS[name].own_kind
         path = next(
             (p for k, r, p in entry["files"].get(version, []) if k == kind and r == rank), None
         )
         if path is None:
             raise CheckpointError(f"{name}: rank {rank} has no file of version {version}")
-        flat = read_h5(path, version, rank) if kind == "h5" else read_file(path, version, rank)
+        flat = LEVELS[name].read(path, version, rank)
         rows = []
         for key, value in sorted(flat.items()):
             if isinstance(value, np.ndarray):

@@ -26,16 +26,16 @@ import numpy as np
 
 from hpcpar.datatypes.threads import copy_array
 
-from .faults import Fault, disarm, parse_fault
+from .faults import Fault, parse_fault
 from .gpu import device_to_host, is_device_array, pinned_empty
-from .levels import Hdf5Level, Job, Level, LocalLevel, PartnerLevel, XorLevel
+from .levels import LEVELS, Job, Level
 from .lock import DirectoryLock
 from .naming import check_step, parse_marker
-from .policy import LEVELS, check_levels, parse_policy, young_daly_interval
+from .policy import check_levels, parse_policy, young_daly_interval
 from .shard import encode_shard, write_atomic
 from .state import CheckpointError, flatten_state, unflatten_state
 
-__all__ = ["Checkpointer", "SaveHandle", "LEVELS"]
+__all__ = ["Checkpointer", "SaveHandle"]
 
 _JOB_FILE = "hpcpar-checkpoint.json"
 
@@ -110,12 +110,13 @@ class Checkpointer:
             the node directories unless ``local_dir`` is given).
         comm: ``None`` (hpcpar's communicator), a communicator or a ``Hierarchy`` (its
             layout decides which ranks share a node, i.e. fail together).
-        levels: Level names from ``memory``, ``local``, ``partner``, ``xor``, ``hdf5``;
-            default ``["memory", "local"]``.
+        levels: Level names (``hpcpar.checkpoint.LEVELS``: ``memory``, ``local``,
+            ``partner``, ``xor``, ``hdf5``); default ``["memory", "local"]``.
         policy: ``{"every": {"local": 1, "partner": 5, "hdf5": 50}, "keep": {"local": 2},
             "xor_group": 4}``: write a level on every N-th save (the first save writes
-            all), keep its newest K versions (memory keeps 1, files 2 by default), and
-            the nodes per XOR group.
+            all), keep its newest K versions (each level's ``default_keep``: memory 1,
+            files 2), and the levels' own options (the nodes per XOR group); see
+            ``policy.parse_policy``.
         local_dir: Node-local storage (``/dev/shm/...`` works); node N uses
             ``local_dir/node<N>``. Default ``path/nodes``.
         overwrite: Start a new run in a directory that holds an old one: its versions
@@ -143,7 +144,8 @@ class Checkpointer:
         from hpcpar.topology import Hierarchy
 
         names = check_levels(levels)
-        self.every, self.keep, group, recycle = parse_policy(policy, names)
+        self.policy = parse_policy(policy, names)
+        self.every, self.keep = self.policy.every, self.policy.keep
         self.fault = parse_fault(os.environ.get("HPCPAR_CHECKPOINT_FAULT"))
         layout = comm.layout if isinstance(comm, Hierarchy) else None
         self.comm = resolve_comm(comm).Dup()  # checkpoint traffic runs on its own communicator
@@ -157,22 +159,18 @@ class Checkpointer:
         self._stale_above: int | None = None  # versions newer than a restored one
         local = Path(local_dir) if local_dir is not None else self.root / "nodes"
         self.job = Job(self.comm, node_of, self.root, local)
-        makers = {
-            "local": LocalLevel,
-            "partner": PartnerLevel,
-            "xor": lambda job: XorLevel(job, group),
-            "hdf5": Hdf5Level,
-        }
+        files = [LEVELS[n] for n in names if not LEVELS[n].in_memory]
         try:
             self.levels: list[Level] = self._agree(
-                lambda: [makers[n](self.job) for n in names if n in makers]
+                lambda: [cls.create(self.job, self.policy.options[cls.name]) for cls in files]
             )
         except CheckpointError:
             self._release()
             raise
         for level in self.levels:
-            level.recycle = recycle and level.recyclable
-        self.memory = "memory" in names
+            level.recycle = self.policy.recycle and level.recyclable
+        # the in-memory level's name, if one is in use (the manager keeps its snapshot)
+        self.memory = next((n for n in names if LEVELS[n].in_memory), None)
         self._snapshot: tuple[int, dict[str, Any]] | None = None
         if overwrite:
             self._discard_above(-1)
@@ -376,7 +374,7 @@ class Checkpointer:
                 self.fault.arm_write(step, self.rank, level.name)
             reason = level.write(step, shard, copy, written)
             if self.fault is not None:
-                disarm()
+                self.fault.disarm()
             reasons = [r for r in self.comm.allgather(reason) if r]
             if reasons:
                 level.remove(step)
@@ -464,7 +462,7 @@ class Checkpointer:
         mine = self._snapshot[0] if self._snapshot is not None else -1
         everyone = self.comm.allgather(mine)
         if len(set(everyone)) == 1 and mine >= max(newest, 0) and step in (None, mine):
-            self.restored_from = ["memory"] * self.size
+            self.restored_from = [self.memory] * self.size
             self._continue_from(mine, newest)
             flat = {
                 k: (v.copy() if isinstance(v, np.ndarray) else v)
@@ -538,9 +536,7 @@ class Checkpointer:
         if sync:  # not on an error path: the other ranks may never get here
             self.comm.Barrier()
         for level in self.levels:
-            set_comm = getattr(level, "set_comm", None)
-            if set_comm is not None:
-                set_comm.Free()
+            level.close()
         self._release()
 
     def __enter__(self) -> Checkpointer:

@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
+from .levels import LEVELS
 from .state import CheckpointError
 
-__all__ = ["LEVELS", "parse_policy", "young_daly_interval"]
+__all__ = ["DEFAULT_LEVELS", "check_levels", "parse_policy", "Policy", "young_daly_interval"]
 
-# fastest first: restore tries them in this order
-LEVELS = ("memory", "local", "partner", "xor", "hdf5")
-DEFAULT_EVERY = {"memory": 1, "local": 1, "partner": 1, "xor": 1, "hdf5": 1}
-DEFAULT_KEEP = {"memory": 1, "local": 2, "partner": 2, "xor": 2, "hdf5": 2}
+DEFAULT_LEVELS = ("memory", "local")
+
+
+@dataclass
+class Policy:
+    """When each level is written, how many versions it keeps, and the levels' options.
+
+    Attributes:
+        every: Level -> write it on every N-th save (the first save writes every level).
+        keep: Level -> keep its newest K versions.
+        options: Each level's own entries (``xor_group``), defaults filled in.
+        recycle: Keep pruned files as spares for the next versions to write over.
+    """
+
+    every: dict[str, int]
+    keep: dict[str, int]
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    recycle: bool = True
 
 
 def check_levels(levels: Any) -> list[str]:
@@ -21,7 +37,7 @@ def check_levels(levels: Any) -> list[str]:
     Raises:
         CheckpointError: an unknown or repeated name, or no level at all.
     """
-    names = list(levels) if levels is not None else ["memory", "local"]
+    names = list(levels) if levels is not None else list(DEFAULT_LEVELS)
     unknown = [n for n in names if n not in LEVELS]
     if unknown:
         raise CheckpointError(f"unknown level(s) {unknown}; choose from {', '.join(LEVELS)}")
@@ -30,40 +46,44 @@ def check_levels(levels: Any) -> list[str]:
     return [n for n in LEVELS if n in names]
 
 
-def parse_policy(
-    policy: dict[str, Any] | None, names: list[str]
-) -> tuple[dict[str, int], dict[str, int], int, bool]:
-    """``{"every": {...}, "keep": {...}, "xor_group": k, "recycle": b}`` -> the four.
+def parse_policy(policy: dict[str, Any] | None, names: list[str]) -> Policy:
+    """``{"every": {...}, "keep": {...}, "recycle": b, <level options>}`` -> a ``Policy``.
 
     ``every[L] = N`` writes level L on every N-th save (the first save writes every level);
-    ``keep[L] = K`` keeps its newest K versions; ``xor_group`` is the number of nodes per
-    XOR parity group (default 4); ``recycle`` (default True) keeps each pruned file of the
-    node-local levels as a spare that the next version writes over instead of allocating
-    new blocks (one spare per file name: a rank's storage holds K + 1 versions' worth).
-    The HDF5 level always writes new files.
+    ``keep[L] = K`` keeps its newest K versions (defaults: each level's own);
+    ``recycle`` (default True) keeps each pruned file of the node-local levels as a spare
+    that the next version writes over instead of allocating new blocks (one spare per
+    file name: a rank's storage holds K + 1 versions' worth); levels that cannot recycle
+    (HDF5) always write new files. Any other entry is an option of a level in use, such
+    as the XOR level's ``xor_group`` (nodes per XOR group, default 4).
 
     Raises:
         CheckpointError: unknown entries, levels not in use, values that are not positive
             integers (the entry is named).
     """
-    every = {n: DEFAULT_EVERY[n] for n in names}
-    keep = {n: DEFAULT_KEEP[n] for n in names}
-    group, recycle = 4, True
+    classes = [LEVELS[n] for n in names]
+    every = {cls.name: cls.default_every for cls in classes}
+    keep = {cls.name: cls.default_keep for cls in classes}
+    options = {cls.name: {k: default for k, (default, _) in cls.options.items()} for cls in classes}
+    known = {key: cls for cls in LEVELS.values() for key in cls.options}  # any level's
+    recycle = True
     for key, table in (policy or {}).items():
         if key == "recycle":
             if not isinstance(table, bool):
                 raise CheckpointError(f"policy.recycle must be true or false, not {table!r}")
             recycle = table
             continue
-        if key == "xor_group":
-            if isinstance(table, bool) or not isinstance(table, int) or table < 2:
-                raise CheckpointError(f"policy.xor_group must be an integer >= 2, not {table!r}")
-            group = table
+        if key in known:
+            problem = known[key].options[key][1](table)
+            if problem:
+                raise CheckpointError(f"policy.{key} {problem}, not {table!r}")
+            if known[key].name in options:  # an option of a level not in use is ignored
+                options[known[key].name][key] = table
             continue
         if key not in ("every", "keep") or not isinstance(table, dict):
+            extra = "".join(f", {k!r}" for k in known)
             raise CheckpointError(
-                f"policy: unknown entry {key!r} "
-                "(use 'every' and 'keep' tables, 'xor_group' and 'recycle')"
+                f"policy: unknown entry {key!r} (use 'every' and 'keep' tables, 'recycle'{extra})"
             )
         for level, value in table.items():
             if level not in names:
@@ -73,7 +93,7 @@ def parse_policy(
                     f"policy.{key}.{level} must be a positive integer, not {value!r}"
                 )
             (every if key == "every" else keep)[level] = value
-    return every, keep, group, recycle
+    return Policy(every, keep, options, recycle)
 
 
 def young_daly_interval(cost_s: float, mtbf_s: float) -> float:

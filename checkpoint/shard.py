@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import checksum
+from .armed import at_half, check_write
 from .state import CheckpointError
 
 __all__ = [
@@ -251,8 +252,6 @@ def write_file(path: Path, shard: EncodedShard, reuse: Path | None = None) -> No
     Raises:
         OSError: the write failed (the temporary file is removed).
     """
-    from .faults import at_half, check_write
-
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     half, written = shard.body_nbytes // 2, 0

@@ -1,14 +1,22 @@
-"""What every checkpoint level shares: the job's layout, commit markers, one interface."""
+"""What every checkpoint level shares: the job's layout, commit markers, one interface.
+
+A level describes itself with class attributes (its name, what failure it survives,
+its default interval and keep count, whether its files can be recycled, where they
+live, which policy options it takes); the policy, the manager, the fault injection,
+``hpcpar checkpoint`` and the inspection tools read those, so a new level is one module
+with one ``Level`` subclass, plus its name in ``levels.BUILTIN``.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..naming import marker_name, parse_marker, parse_version, version_name
-from ..shard import EncodedShard, fsync_dir, write_file
+from ..shard import EncodedShard, fsync_dir, read_file, write_file
 
 __all__ = ["Job", "Level"]
 
@@ -48,14 +56,58 @@ class Level:
     ``write`` and ``recover`` are collective over the job (every rank calls them for the
     same version, in the same order); a failure on one rank is returned, never raised, so
     no rank is left waiting in a collective the others skipped.
+
+    Attributes:
+        name: As given in ``levels=`` and on the command line.
+        survives: The failure a version kept here survives, in a few words.
+        default_every: Written on every N-th save unless the policy says otherwise.
+        default_keep: Versions kept unless the policy says otherwise.
+        recyclable: Whether its writes can go over a pruned file's blocks.
+        in_memory: Kept in the process (no files; the manager holds the snapshot).
+        node_local: Files under ``local_dir/node<N>/<name>``; else under ``root/<name>``.
+        own_kind: The kind of a rank's own file (``shard``, or ``h5``), as
+            ``checkpoint.inspect`` names files.
+        options: Extra policy entries it reads: name -> (default, check), where
+            ``check(value)`` returns why a value is wrong, or "".
     """
 
-    name = "level"
-    recyclable = True  # whether its writes can go over a pruned file's blocks
+    name: ClassVar[str] = "level"
+    survives: ClassVar[str] = ""
+    default_every: ClassVar[int] = 1
+    default_keep: ClassVar[int] = 2
+    recyclable: ClassVar[bool] = True
+    in_memory: ClassVar[bool] = False
+    node_local: ClassVar[bool] = True
+    own_kind: ClassVar[str] = "shard"
+    options: ClassVar[dict[str, tuple[Any, Callable[[Any], str]]]] = {}
 
     def __init__(self, job: Job) -> None:
         self.job = job
         self.recycle = self.recyclable  # the manager applies the policy's choice
+
+    @classmethod
+    def create(cls, job: Job, options: dict[str, Any]) -> Level:
+        """Make the level for ``job`` with its policy options (collective).
+
+        Raises:
+            CheckpointError: the job's layout cannot be protected this way.
+        """
+        return cls(job)
+
+    @classmethod
+    def read(cls, path: Path, step: int, rank: int) -> dict[str, Any]:
+        """Read and verify a rank's own file of this level (no job needed).
+
+        Raises:
+            CheckpointError: missing, damaged, or of another version or rank.
+        """
+        return read_file(path, step, rank)
+
+    @classmethod
+    def folder(cls, root: Path, local_dir: Path, step: int, node: int) -> Path:
+        """Where the level keeps a node's files of version ``step`` (no job needed)."""
+        base = local_dir / f"node{node}" if cls.node_local else root
+        return base / cls.name / version_name(step)
 
     # ---- files ------------------------------------------------------------------------
 
@@ -87,7 +139,8 @@ class Level:
 
     def version_dir(self, step: int, node: int | None = None) -> Path:
         """Where this level keeps a node's files of version ``step``."""
-        return self.job.node_dir(node) / self.name / version_name(step)
+        job = self.job
+        return self.folder(job.root, job.local_dir, step, job.node if node is None else node)
 
     def steps_on_disk(self) -> list[int]:
         """Versions with a directory where this rank's files of this level go."""
@@ -161,6 +214,9 @@ class Level:
     def describe(self) -> dict[str, Any]:
         """What the level is, for ``hpcpar checkpoint ls``."""
         return {"level": self.name}
+
+    def close(self) -> None:
+        """Release what the level holds (communicators); the manager calls it once."""
 
 
 def link_or_write(level: Level, path: Path, shard: EncodedShard, written: dict[str, Path]) -> None:

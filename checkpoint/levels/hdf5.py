@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from .. import checksum
-from ..naming import version_name
 from ..shard import EncodedShard, fsync_dir
 from ..state import CheckpointError
 from .base import Level
@@ -38,7 +37,7 @@ def write_h5(path: Path, step: int, rank: int, flat: dict[str, Any]) -> None:
     """
     import h5py
 
-    from ..faults import check_write
+    from ..armed import check_write
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -116,11 +115,15 @@ class Hdf5Level(Level):
     """``root/hdf5/v<step>/rank<R>.h5`` plus ``index.h5`` (external links)."""
 
     name = "hdf5"
+    survives = "the loss of every node's storage (the shared file system keeps it)"
     recyclable = False  # h5py writes its own files: a spare would never be written over
+    node_local = False  # in the shared root, not on a node
+    own_kind = "h5"
 
-    def version_dir(self, step: int, node: int | None = None) -> Path:
-        """In the shared root, not on a node."""
-        return self.job.root / "hdf5" / version_name(step)
+    @classmethod
+    def read(cls, path: Path, step: int, rank: int) -> dict[str, Any]:
+        """Read and verify a rank's HDF5 file."""
+        return read_h5(path, step, rank)
 
     def own_path(self, step: int) -> Path:
         """This rank's HDF5 file."""
@@ -164,3 +167,6 @@ class Hdf5Level(Level):
         if self.job.rank == 0:
             (self.version_dir(step) / "index.h5").unlink(missing_ok=True)
         super().remove(step)
+
+
+LEVEL = Hdf5Level  # what levels/__init__.py registers

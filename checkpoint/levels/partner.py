@@ -39,6 +39,7 @@ class PartnerLevel(Level):
     """
 
     name = "partner"
+    survives = "the loss of any one node (a copy of each shard lives on the next node)"
 
     def __init__(self, job: Job) -> None:
         super().__init__(job)
@@ -221,3 +222,6 @@ class _Incoming(EncodedShard):
 
     def hashed(self) -> bool:
         return True
+
+
+LEVEL = PartnerLevel  # what levels/__init__.py registers

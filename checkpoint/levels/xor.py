@@ -8,15 +8,15 @@ member (member ``i`` contributes its chunk ``(j - i - 1) mod m``), computed by
 data, and any one lost member is rebuilt: each of its chunks is the XOR of the parity
 that covers it and the matching chunks of the survivors (``Reduce`` to the lost member).
 Both run in pieces of ``PIECE_BYTES``, so that neither hpcpar nor the MPI library holds
-another copy of a whole shard (they copied it two to three times: rebuilding four ranks'
-512 MiB shards, one lost, 11.3 -> 2.5 s; BENCHMARKS.md, checkpoint, session 14).
+another copy of a whole shard (``hpcpar bench checkpoint`` measures the rebuild).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -120,6 +120,12 @@ def _typed(part: np.ndarray, words: bool) -> list[Any]:
     return [part.view(np.uint64), MPI.UINT64_T]
 
 
+def _check_group(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        return "must be an integer >= 2"
+    return ""
+
+
 class XorLevel(Level):
     """``node<N>/xor/v<step>/rank<R>.shard`` and ``rank<R>.parity``.
 
@@ -129,6 +135,15 @@ class XorLevel(Level):
     """
 
     name = "xor"
+    survives = "the loss of one node in each XOR group (rebuilt from parity)"
+    options: ClassVar[dict[str, tuple[Any, Callable[[Any], str]]]] = {
+        "xor_group": (4, _check_group),  # nodes per XOR group
+    }
+
+    @classmethod
+    def create(cls, job: Job, options: dict[str, Any]) -> XorLevel:
+        """The level with the policy's ``xor_group`` (nodes per XOR group)."""
+        return cls(job, options["xor_group"])
 
     def __init__(self, job: Job, group: int = 4) -> None:
         super().__init__(job)
@@ -258,3 +273,10 @@ class XorLevel(Level):
     def describe(self) -> dict[str, Any]:
         """The level and its sets."""
         return {"level": self.name, "sets": self.sets}
+
+    def close(self) -> None:
+        """Free the XOR set's communicator."""
+        self.set_comm.Free()
+
+
+LEVEL = XorLevel  # what levels/__init__.py registers

@@ -34,8 +34,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank", type=int, default=None, help="rank (default 0)")
     parser.add_argument(
         "--level",
-        choices=("local", "partner", "xor", "hdf5"),
-        help="level (inspect: default the fastest that has the version)",
+        help="a level with files: local, partner, xor, hdf5 (inspect: default the fastest "
+        "that has the version)",
     )
     parser.add_argument(
         "--fault", choices=("delete-node", "flip", "truncate-manifest"), help="inject: what"
@@ -45,6 +45,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _ls(info: dict[str, Any]) -> None:
+    from ..checkpoint import LEVELS
+
     print(f"written by {info['ranks']} rank(s)")
     if not info["levels"]:
         print("no versions")
@@ -56,7 +58,7 @@ def _ls(info: dict[str, Any]) -> None:
             for kind, _, _ in files:
                 kinds[kind] = kinds.get(kind, 0) + 1
             size = sum(p.stat().st_size for _, _, p in files)
-            own = kinds.get("h5" if level == "hdf5" else "shard", 0)
+            own = kinds.get(LEVELS[level].own_kind, 0)
             extra = "".join(
                 f", {n} {k}" for k, n in sorted(kinds.items()) if k in ("copy", "parity")
             )
@@ -92,9 +94,15 @@ def _inject(root: Any, args: argparse.Namespace) -> str:
 def _run(comm: Any, args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from ..checkpoint import CheckpointError
     from ..checkpoint.inspect import describe_state, scan, verify
+    from ..checkpoint.levels import file_levels
 
     root = Path(args.path)
+    if args.level is not None and args.level not in file_levels():
+        raise CheckpointError(
+            f"--level {args.level!r}: choose a level with files ({', '.join(file_levels())})"
+        )
     info = scan(root, args.local_dir)  # on every rank, so a bad path fails everywhere alike
     status = 0
     if comm.Get_rank() == 0:

@@ -105,6 +105,17 @@ def test_object_dtypes_in_a_manifest_are_refused(tmp_path):
         faults.parse_fault("kill=later")
     with pytest.raises(CheckpointError, match="bad entry"):
         faults.parse_fault("explode=1")
+    for typo, complaint in (
+        ("enospc=locl,step=3", "not a level with files"),
+        ("kill=write,level=xr", "not a level with files"),
+        ("enospc=memory", "not a level with files"),
+        ("step=3,rank=1", "no fault given"),
+        ("kill=write,rank=-1", "rank must be >= 0"),
+        ("kill=write,step=three", "step must be an integer"),
+        ("kill=write,,rank=1", "bad entry"),
+    ):
+        with pytest.raises(CheckpointError, match=complaint):
+            faults.parse_fault(typo)
 
 
 def _shard_bytes(x, record):
