@@ -85,7 +85,7 @@ _SUBPACKAGES = (
     "runtime",
     "bench",
     "checkpoint",
-    "apps",
+    "plugins",
 )
 
 # Public name -> module that defines it; resolved by __getattr__ on first access.

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from hpcpar.cli.common import add_layout_argument
-from hpcpar.cli.registry import Command, register
+from hpcpar.plugins import Command, register
 
 __all__: list[str] = []
 

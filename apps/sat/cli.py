@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from hpcpar.cli.common import add_layout_argument
-from hpcpar.cli.registry import Command, register
+from hpcpar.plugins import Command, register
 
 __all__: list[str] = []
 

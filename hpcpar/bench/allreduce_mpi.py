@@ -6,8 +6,8 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from ..plugins import Benchmark, register
 from .harness import Variant, run_sweep
-from .registry import Benchmark, register
 
 __all__: list[str] = []
 

@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from .harness import Row, _quartile_spread, format_size, parse_size, size_range
-from .registry import Benchmark, register
+from ..plugins import Benchmark, register
+from .harness import Row, format_size, parse_size, quartile_spread, size_range
 
 __all__: list[str] = []
 
@@ -156,7 +156,7 @@ def _row(size: int, variant: str, times: list[float], **extra: Any) -> Row:
         "median_s": float(np.median(times)) if times else 0.0,
         "min_s": float(min(times)) if times else 0.0,
         "max_s": float(max(times)) if times else 0.0,
-        "spread_pct": _quartile_spread(times),
+        "spread_pct": quartile_spread(times),
         "repeats": len(times),
         "valid": extra.pop("valid", True),
         **extra,

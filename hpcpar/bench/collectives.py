@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from ..plugins import Benchmark, register
 from .harness import Variant, run_sweep
 from .on_vcluster import add_vcluster_arguments, run_on_vcluster
-from .registry import Benchmark, register
 
 __all__: list[str] = []
 

@@ -6,8 +6,7 @@ import argparse
 from typing import Any
 
 from ..cli.common import add_layout_argument
-from ..cli.registry import Command, register
-from .registry import benchmarks
+from ..plugins import Command, benchmarks, register
 
 __all__ = ["add_common_arguments"]
 

@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from ..plugins import Benchmark, register
 from .harness import Row, Variant, format_header, format_row, sweep
-from .registry import Benchmark, register
 
 __all__: list[str] = []
 

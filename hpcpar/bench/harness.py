@@ -181,7 +181,8 @@ def rank0_printer(comm: Any, bench: str, peer_binary: str | None) -> Callable[..
     return print if comm.Get_rank() == 0 else (lambda *a, **k: None)
 
 
-def _quartile_spread(values: Sequence[float]) -> float:
+def quartile_spread(values: Sequence[float]) -> float:
+    """The interquartile range as a percentage of the median (0 for fewer than 2 values)."""
     if len(values) < 2:
         return 0.0
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
@@ -256,7 +257,7 @@ def sweep(
                     max_us=statistics.median(r[2] for r in per_repeat[i]) * 1e6,
                     iterations=iterations[i],
                     repeats=repeats,
-                    spread_pct=_quartile_spread(avgs),
+                    spread_pct=quartile_spread(avgs),
                     algbw_gbs=algbw,
                     busbw_gbs=busbw,
                     vs_peer=None,
@@ -340,8 +341,8 @@ def run_sweep(
     sizes and timing from the options every benchmark shares. Sizes are rounded down
     to a multiple of ``unit`` (the element size) and repeats dropped.
     """
+    from ..plugins import benchmarks
     from ..runtime.results import mpi_library
-    from .registry import benchmarks
 
     bench = benchmarks()[args.benchmark]
     peer, bus_factor = bench.peer, bench.bus_factor

@@ -1,7 +1,8 @@
-"""The ``hpcpar`` command line: one registry of subcommands, one entry point."""
+"""The ``hpcpar`` command line: one entry point (``main``) over the registered commands.
+
+Commands, benchmarks and demo steps are registered in ``hpcpar.plugins``.
+"""
 
 from __future__ import annotations
 
-from .registry import Command, commands, register
-
-__all__ = ["Command", "commands", "register"]
+__all__: list[str] = []

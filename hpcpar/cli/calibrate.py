@@ -6,8 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from ..plugins import Command, register
 from .common import add_layout_argument
-from .registry import Command, register
 
 __all__: list[str] = []
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .registry import Command, register
+from ..plugins import Command, register
 
 __all__: list[str] = []
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..plugins import Command, register
 from .common import add_layout_argument
-from .registry import Command, register
 
 __all__: list[str] = []
 

@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..plugins import Command, register
 from ..runtime.env import usable_cores
-from .registry import Command, register
 from .sweep_where import TABLE_KEYS, WHERE, check_where, run_points
 
 __all__ = ["load_config", "points", "run_sweep", "report"]

@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from ..collectives.names import COLLECTIVES
+from ..plugins import Command, register
 from .common import add_layout_argument
-from .registry import Command, register
 
 __all__ = ["add_machine_arguments", "machine_layout", "machine_profile"]
 

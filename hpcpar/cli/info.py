@@ -6,8 +6,8 @@ import argparse
 import os
 from typing import Any
 
+from ..plugins import Command, register
 from .common import add_layout_argument
-from .registry import Command, register
 
 __all__ = ["collect_info", "format_info"]
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .registry import Command, register
+from ..plugins import Command, register
 
 __all__ = ["APPS", "render_sbatch", "submit", "job_outcome", "check_time"]
 

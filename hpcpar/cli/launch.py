@@ -9,8 +9,8 @@ import sys
 from typing import Any
 
 from ..errors import UsageError
+from ..plugins import Command, commands, register
 from .common import add_layout_argument
-from .registry import Command, commands, register
 
 __all__: list[str] = []
 

@@ -16,8 +16,8 @@ from typing import Any, NoReturn
 
 from .._version import __version__
 from ..errors import HpcparError, UsageError
+from ..plugins import Command, commands
 from ..runtime.env import launcher_rank_size
-from .registry import Command, commands
 
 __all__ = ["main", "build_parser", "ERROR_AGREEMENT_SECONDS"]
 

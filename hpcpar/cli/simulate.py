@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from ..collectives.names import COLLECTIVES
+from ..plugins import Command, register
 from .explain import add_machine_arguments, machine_profile
-from .registry import Command, register
 
 __all__: list[str] = []
 

@@ -6,7 +6,7 @@ import argparse
 import shlex
 from typing import Any
 
-from .registry import Command, commands, register
+from ..plugins import Command, commands, register
 
 __all__: list[str] = []
 

@@ -124,3 +124,14 @@ def test_user_data_files(tmp_path):
     (tmp_path / "junk.npz").write_text("junk")
     with pytest.raises(SgdError, match="not a readable"):
         load_dataset(str(tmp_path / "junk.npz"))
+
+
+def test_the_demo_sgd_step_passes_again_in_the_same_folder(tmp_path):
+    """A second demo in one results folder kills and resumes afresh (it used to resume the
+    first demo's finished checkpoint, so nothing was killed and the step failed)."""
+    from hpcpar.apps.sgd.plugin import killed_and_resumed
+
+    for attempt in (1, 2):
+        same, figure = killed_and_resumed(tmp_path)
+        assert same, f"attempt {attempt}: {figure}"
+        assert "killed (exit 0)" not in figure, figure

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hpcpar.bench import Variant, format_size, parse_size, size_range, sweep
-from hpcpar.bench.harness import _quartile_spread, format_header, format_row
+from hpcpar.bench.harness import format_header, format_row, quartile_spread
 from hpcpar.cli.main import main
 from hpcpar.errors import UsageError
 from hpcpar.testing import assert_all
@@ -38,9 +38,9 @@ def test_size_range():
 
 
 def test_spread_is_the_relative_interquartile_range():
-    assert _quartile_spread([1.0]) == 0.0
-    assert _quartile_spread([1.0, 1.0, 1.0]) == 0.0
-    assert _quartile_spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(100.0 * (4 - 2) / 3)
+    assert quartile_spread([1.0]) == 0.0
+    assert quartile_spread([1.0, 1.0, 1.0]) == 0.0
+    assert quartile_spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(100.0 * (4 - 2) / 3)
 
 
 @pytest.mark.mpi

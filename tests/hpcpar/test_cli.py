@@ -104,17 +104,6 @@ def test_the_demo_tour_passes_every_step_and_writes_its_files(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_the_demo_sgd_step_passes_again_in_the_same_folder(tmp_path):
-    """A second demo in one results folder kills and resumes afresh (it used to resume the
-    first demo's finished checkpoint, so nothing was killed and the step failed)."""
-    from hpcpar.cli.tour import _sgd_jobs
-
-    for attempt in (1, 2):
-        same, figure = _sgd_jobs(tmp_path)
-        assert same, f"attempt {attempt}: {figure}"
-        assert "killed (exit 0)" not in figure, figure
-
-
 def test_info_in_process(capsys):
     assert main(["info", "--layout", "ppn:1"]) == 0
     text = capsys.readouterr().out

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from .harness import Row, _quartile_spread, rank0_printer
-from .registry import Benchmark, register
+from hpcpar.bench.harness import Row, quartile_spread, rank0_printer
+from hpcpar.plugins import Benchmark, register
 
 __all__: list[str] = []
 
@@ -49,11 +49,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _teps(times: list[float], nedge: list[int]) -> dict[str, float]:
-    from hpcpar.apps.graph.driver import harmonic_teps
+    from .driver import harmonic_teps
 
     teps = [e / t for e, t in zip(nedge, times, strict=True)]
     return {"harmonic_mean": harmonic_teps(times, nedge), "median": statistics.median(teps),
-            "min": min(teps), "max": max(teps), "spread_pct": _quartile_spread(teps)}  # fmt: skip
+            "min": min(teps), "max": max(teps), "spread_pct": quartile_spread(teps)}  # fmt: skip
 
 
 def _scipy(edges: Any, keys: list[int], nedge: list[int], kernels: list[str]) -> list[dict]:
@@ -107,7 +107,7 @@ def _reference(binary: str, ranks: int, scale: int, edgefactor: int, timeout: fl
         docs.append({"variant": "graph500-ref", "kernel": kernel,
                      "teps": {"harmonic_mean": float(harmonic.group(1)),
                               "median": statistics.median(per), "min": min(per),
-                              "max": max(per), "spread_pct": _quartile_spread(per)}})  # fmt: skip
+                              "max": max(per), "spread_pct": quartile_spread(per)}})  # fmt: skip
     construction = re.search(r"construction_time:\s+(\S+)", done.stdout)
     for d in docs:
         d["construction_s"] = float(construction.group(1)) if construction else None
@@ -127,12 +127,12 @@ def _imbalance(table: dict[str, list[int]]) -> dict[str, float]:
 
 
 def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
-    from hpcpar.apps.graph import kronecker
-    from hpcpar.apps.graph.driver import run
-    from hpcpar.apps.graph.partition import PARTITIONS
+    from hpcpar.errors import UsageError
+    from hpcpar.runtime.comm import idle_barrier
 
-    from ..errors import UsageError
-    from ..runtime.comm import idle_barrier
+    from . import kronecker
+    from .driver import run
+    from .partition import PARTITIONS
 
     try:
         scales = [int(s) for s in args.scales.split(",") if s.strip()]
@@ -171,7 +171,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         whole = comm.gather(edges, root=0)
         peers = None
         if rank == 0:
-            from hpcpar.apps.graph import EdgeList
+            from . import EdgeList
 
             full = EdgeList(*(np.concatenate([getattr(e, f) for e in whole])
                               for f in ("src", "dst", "weight")),

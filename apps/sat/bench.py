@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from .harness import Row, _quartile_spread, rank0_printer
-from .registry import Benchmark, register
+from hpcpar.bench.harness import Row, quartile_spread, rank0_printer
+from hpcpar.plugins import Benchmark, register
 
 __all__: list[str] = []
 
@@ -51,7 +51,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _instance(n: int, ratio: float, budget: int) -> tuple[Any, int]:
-    from hpcpar.apps.sat import LocalSearch, random_ksat
+    from . import LocalSearch, random_ksat
 
     for seed in range(50):
         cnf, _ = random_ksat(n, round(ratio * n), 3, seed=seed)
@@ -75,7 +75,7 @@ def _peer(binary: str, path: Path, seed: int, flips: int = 0) -> dict[str, float
 
 
 def _ours(cnf: Any, seed: int, flips: int) -> dict[str, float]:
-    from hpcpar.apps.sat import LocalSearch, check_model
+    from . import LocalSearch, check_model
 
     t0 = time.perf_counter()
     ls = LocalSearch(cnf, "probsat", seed=seed)
@@ -88,12 +88,12 @@ def _ours(cnf: Any, seed: int, flips: int) -> dict[str, float]:
 
 def _stats(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "spread_pct": _quartile_spread(values)}  # fmt: skip
+            "spread_pct": quartile_spread(values)}  # fmt: skip
 
 
 def _sequential(args: argparse.Namespace, sizes: list[int], folder: Path) -> list[dict]:
     """Rank 0: flips/s and time to solution of both solvers per size."""
-    from hpcpar.apps.sat import write_dimacs
+    from . import write_dimacs
 
     docs = []
     for n in sizes:
@@ -137,14 +137,14 @@ def _hard(n: int, ratio: float) -> tuple[Any, int]:
 
     At ratio + 0.25 it is almost surely unsatisfiable, so every rate run does all its flips.
     """
-    from hpcpar.apps.sat import random_ksat
+    from . import random_ksat
 
     return random_ksat(n, round((ratio + 0.25) * n), 3, seed=777)[0], 777
 
 
 def _portfolio(comm: Any, args: argparse.Namespace, cnf: Any, sample: list[float]) -> dict:
-    from hpcpar.apps.sat.portfolio import portfolio
-    from hpcpar.apps.sat.predict import expected_min, expected_min_empirical, fit_laws
+    from .portfolio import portfolio
+    from .predict import expected_min, expected_min_empirical, fit_laws
 
     size = comm.Get_size()
     flips, walls = [], []
@@ -165,8 +165,8 @@ def _portfolio(comm: Any, args: argparse.Namespace, cnf: Any, sample: list[float
 
 
 def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
-    from ..errors import UsageError
-    from ..runtime.comm import idle_barrier
+    from hpcpar.errors import UsageError
+    from hpcpar.runtime.comm import idle_barrier
 
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -209,7 +209,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
             f"{d['flips_to_solution']['median']:10.0f} {d['solved']:4d}/{d['runs']}")  # fmt: skip
         rows.append(Row({**d, "valid": d["solved"] == d["runs"]}, size_key="n"))
     if size > 1:
-        from hpcpar.apps.sat import random_ksat
+        from . import random_ksat
 
         small = min(sizes)
         inst = by[("hpcpar", small)]["instance_seed"]

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from .harness import Row, _quartile_spread
-from .registry import Benchmark, register
+from hpcpar.bench.harness import Row, quartile_spread
+from hpcpar.plugins import Benchmark, register
 
 __all__: list[str] = []
 
@@ -111,7 +111,7 @@ class _TorchRun:
 
 def _torch_epoch(run: _TorchRun, e: int) -> tuple[float, float, int]:
     """One epoch of torch DDP on the same global batches as hpcpar's sync mode."""
-    from hpcpar.apps.sgd.data import batch_rows
+    from .data import batch_rows
 
     torch = run.torch
     f = torch.nn.functional
@@ -142,9 +142,9 @@ def _torch_accuracy(run: _TorchRun) -> float:
 
 
 def _hpcpar_trainer(mode: str, model: Any, data: Any, h: Any, args: argparse.Namespace) -> Any:
-    from hpcpar.apps.sgd.async_ps import AsyncTrainer
-    from hpcpar.apps.sgd.hogwild import HogwildTrainer
-    from hpcpar.apps.sgd.train import SyncTrainer
+    from .async_ps import AsyncTrainer
+    from .hogwild import HogwildTrainer
+    from .train import SyncTrainer
 
     size = h.comm.Get_size() if h is not None else 1
     if mode == "async":
@@ -176,7 +176,7 @@ def _blocking_allreduce_s(trainer: Any, steps: int) -> float:
 
 def _train(variant: str, args: argparse.Namespace, comm: Any, h: Any, data: Any) -> dict:
     """One run of ``variant``: per-epoch figures (identical on every rank)."""
-    from hpcpar.apps.sgd.models import make_model
+    from .models import make_model
 
     model = make_model(args.model, data.n_features, data.n_classes, args.hidden, args.seed)
     epochs: list[dict[str, Any]] = []
@@ -265,7 +265,7 @@ def _summary(variant: str, runs: list[dict], args: argparse.Namespace, ranks: in
         "samples_per_s_median": statistics.median(rates),
         "samples_per_s_min": min(rates),
         "samples_per_s_max": max(rates),
-        "spread_pct": _quartile_spread(rates),
+        "spread_pct": quartile_spread(rates),
         "time_to_target_s": statistics.median(to_target) if len(to_target) == len(runs) else None,
         "final_loss": last["loss"],
         "final_test_accuracy": last["accuracy"],
@@ -285,12 +285,12 @@ def _summary(variant: str, runs: list[dict], args: argparse.Namespace, ranks: in
 def _run(comm: Any, args: argparse.Namespace) -> list[Any]:  # noqa: PLR0912, PLR0915
     from threadpoolctl import threadpool_limits
 
-    from hpcpar.apps.sgd.data import load_dataset
+    from hpcpar.errors import UsageError
+    from hpcpar.runtime.comm import idle_barrier
+    from hpcpar.runtime.results import mpi_library
+    from hpcpar.topology import Hierarchy
 
-    from ..errors import UsageError
-    from ..runtime.comm import idle_barrier
-    from ..runtime.results import mpi_library
-    from ..topology import Hierarchy
+    from .data import load_dataset
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):

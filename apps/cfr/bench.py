@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .harness import Row
-from .registry import Benchmark, register
+from hpcpar.bench.harness import Row
+from hpcpar.plugins import Benchmark, register
 
 __all__: list[str] = []
 
@@ -100,11 +100,11 @@ def _curve(step: Any, gap: Any, budget: float, comm: Any = None) -> list[tuple[i
 
 
 def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
-    from hpcpar.apps.cfr import Solver, build_tree
+    from hpcpar.errors import UsageError
+    from hpcpar.runtime.results import mpi_library
+    from hpcpar.topology import Hierarchy
 
-    from ..errors import UsageError
-    from ..runtime.results import mpi_library
-    from ..topology import Hierarchy
+    from . import Solver, build_tree
 
     games = [g.strip() for g in args.games.split(",") if g.strip()]
     bad = [g for g in games if g not in GAMES]

@@ -1,0 +1,86 @@
+"""The SGD app's part of hpcpar: ``hpcpar sgd``, ``hpcpar bench sgd`` and a demo step.
+
+Named in the entry-point group ``hpcpar.plugins`` (setup.cfg); importing it registers
+the command (``cli``), the benchmark (``bench``) and the tour step below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hpcpar.cli.tour import Step
+from hpcpar.plugins import TourStep, register
+
+from . import bench, cli
+
+__all__ = ["bench", "cli", "killed_and_resumed"]
+
+
+def killed_and_resumed(folder: Path) -> tuple[bool, str]:
+    """Rank 0: the uninterrupted, the killed and the resumed SGD jobs (2 ranks each).
+
+    A job really killed by ``SIGKILL`` after a checkpoint commit cannot be simulated
+    inside the demo's own job, so these are separate jobs; the resumed model must equal
+    the uninterrupted one bit for bit.
+    """
+    from hpcpar.launcher import detached_env
+
+    base = [sys.executable, "-m", "hpcpar", "launch", "-n", "2", "--layout", "ppn:1",
+            "--launcher", "mpiexec", "--timeout", "180", "--", "sgd", "--dataset", "synthetic",
+            "--model", "mlp", "--hidden", "32", "--epochs", "2", "--batch", "256", "--lr",
+            "0.1", "--mode", "sync"]  # fmt: skip
+    ck = ["--checkpoint", str(folder / "sgd-checkpoint"), "--checkpoint-every", "20"]
+
+    def job(out: str, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*base, "--out", str(folder / out), *extra], text=True,
+                              capture_output=True, env=detached_env(**env), timeout=240,
+                              check=False)  # fmt: skip
+
+    plain = job("sgd-plain.json")
+    # a checkpoint left by an earlier demo in this folder would be resumed, not killed
+    shutil.rmtree(folder / "sgd-checkpoint", ignore_errors=True)
+    killed = job("sgd.json", *ck, HPCPAR_CHECKPOINT_FAULT="kill=after-commit,step=60,rank=1")
+    resumed = job("sgd.json", *ck)
+    (folder / "sgd.log").write_text("\n".join(
+        f"$ {name}: exit {p.returncode}\n{p.stdout}{p.stderr}"
+        for name, p in (("uninterrupted", plain), ("killed", killed), ("resumed", resumed))
+    ))  # fmt: skip
+    import numpy as np
+
+    same = (
+        plain.returncode == 0 and resumed.returncode == 0 and killed.returncode != 0
+        and (folder / "sgd.npy").exists()
+        and np.array_equal(np.load(folder / "sgd-plain.npy"), np.load(folder / "sgd.npy"))
+    )  # fmt: skip
+    where = next((line.strip("# ") for line in resumed.stdout.splitlines()
+                  if "resumed at" in line), "not resumed")  # fmt: skip
+    accuracy = "?"
+    with contextlib.suppress(OSError, ValueError, KeyError, IndexError, TypeError):
+        rows = json.loads((folder / "sgd.json").read_text())["results"]["epochs"]  # per epoch
+        accuracy = f"{rows[-1]['test_accuracy']:.3f}"
+    figure = (f"killed (exit {killed.returncode}), {where}; test accuracy {accuracy}, "
+              f"model {'bitwise equal to' if same else 'DIFFERS from'} the "
+              f"uninterrupted run")  # fmt: skip
+    return same, figure
+
+
+def _step(comm: Any, h: Any, folder: Path, say: Any) -> Step:
+    """An SGD job killed after a checkpoint commit and resumed, against an uninterrupted one."""
+    from hpcpar.runtime.comm import idle_barrier
+
+    start = time.perf_counter()
+    outcome = killed_and_resumed(folder) if comm.Get_rank() == 0 else None
+    idle_barrier(comm)
+    ok, figure = comm.bcast(outcome, root=0)
+    return Step("SGD killed + resumed", ok, figure, time.perf_counter() - start,
+                ["sgd.json", "sgd.png", "sgd.log"])  # fmt: skip
+
+
+register(TourStep("SGD killed + resumed", 20, _step))
