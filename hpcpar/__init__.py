@@ -8,77 +8,47 @@ not become an MPI process before it starts ``mpiexec``).
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._version import __version__
-from .errors import CommunicatorError, HpcparError, LaunchError, LayoutError, UsageError
+from ._version import __version__ as __version__
+from .errors import CommunicatorError as CommunicatorError
+from .errors import HpcparError as HpcparError
+from .errors import LaunchError as LaunchError
+from .errors import LayoutError as LayoutError
+from .errors import UsageError as UsageError
 
-if TYPE_CHECKING:
-    from .collectives import (
-        allgather,
-        allreduce,
-        alltoall,
-        alltoallv,
-        barrier,
-        bcast,
-        iallgather,
-        iallreduce,
-        ialltoall,
-        ialltoallv,
-        ibarrier,
-        ibcast,
-        ireduce,
-        ireduce_scatter,
-        reduce,
-        reduce_scatter,
-    )
-    from .collectives.cost.explain import explain
-    from .halo import HaloExchange
-    from .p2p import irecv, isend, recv, recv_init, send, send_init, sendrecv
-    from .runtime.comm import default_comm
-    from .topology import Hierarchy
+# The public API: name -> the module that defines it, imported on first access (None:
+# imported above). ``__all__`` and the lazy imports are both made from this one list.
+_PUBLIC: dict[str, str | None] = {
+    "__version__": None,
+    "HpcparError": None,
+    "UsageError": None,
+    "LayoutError": None,
+    "LaunchError": None,
+    "CommunicatorError": None,
+    "Hierarchy": "hpcpar.topology",
+    "default_comm": "hpcpar.runtime.comm",
+    **dict.fromkeys(
+        (
+            "allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall", "alltoallv",
+            "barrier", "iallreduce", "ireduce", "ibcast", "iallgather", "ireduce_scatter",
+            "ialltoall", "ialltoallv", "ibarrier", "allreduce_init",
+        ),
+        "hpcpar.collectives",
+    ),
+    "explain": "hpcpar.collectives.cost.explain",
+    **dict.fromkeys(
+        ("send", "recv", "isend", "irecv", "sendrecv", "send_init", "recv_init"), "hpcpar.p2p"
+    ),
+    "HaloExchange": "hpcpar.halo",
+}  # fmt: skip
 
-
-__all__ = [
-    "__version__",
-    "HpcparError",
-    "UsageError",
-    "LayoutError",
-    "LaunchError",
-    "CommunicatorError",
-    "Hierarchy",
-    "default_comm",
-    "allreduce",
-    "reduce",
-    "bcast",
-    "allgather",
-    "reduce_scatter",
-    "alltoall",
-    "alltoallv",
-    "barrier",
-    "iallreduce",
-    "ireduce",
-    "ibcast",
-    "iallgather",
-    "ireduce_scatter",
-    "ialltoall",
-    "ialltoallv",
-    "ibarrier",
-    "allreduce_init",
-    "explain",
-    "send",
-    "recv",
-    "isend",
-    "irecv",
-    "sendrecv",
-    "send_init",
-    "recv_init",
-    "HaloExchange",
-]
+__all__ = list(_PUBLIC)
 
 # Subpackages reachable as attributes (``hpcpar.collectives``) without an explicit import.
 _SUBPACKAGES = (
     "collectives",
+    "datatypes",
     "topology",
     "layout",
     "testing",
@@ -88,30 +58,11 @@ _SUBPACKAGES = (
     "plugins",
 )
 
-# Public name -> module that defines it; resolved by __getattr__ on first access.
-_LAZY = {
-    "Hierarchy": "hpcpar.topology",
-    "default_comm": "hpcpar.runtime.comm",
-    "explain": "hpcpar.collectives.cost.explain",
-    "HaloExchange": "hpcpar.halo",
-    **dict.fromkeys(
-        ("send", "recv", "isend", "irecv", "sendrecv", "send_init", "recv_init"), "hpcpar.p2p"
-    ),
-    **dict.fromkeys(
-        (
-            "allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall", "alltoallv",
-            "barrier", "iallreduce", "ireduce", "ibcast", "iallgather", "ireduce_scatter",
-            "ialltoall", "ialltoallv", "ibarrier", "allreduce_init",
-        ),
-        "hpcpar.collectives",
-    ),
-}  # fmt: skip
-
 
 def __getattr__(name: str) -> Any:
     if name in _SUBPACKAGES:
         return importlib.import_module(f"hpcpar.{name}")
-    module = _LAZY.get(name)
+    module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'hpcpar' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)

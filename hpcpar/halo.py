@@ -28,7 +28,7 @@ from .collectives.buffers import is_device_array
 from .datatypes import DatatypeError, plan
 from .datatypes.choose import send_method
 from .errors import HpcparError
-from .p2p import _view_type
+from .p2p import view_type
 
 __all__ = ["HaloExchange"]
 
@@ -114,7 +114,7 @@ class HaloExchange:
             return "whole"
         if send_method(face)[0] != "datatype":
             return None
-        dt, lo, hi = _view_type(face)
+        dt, lo, hi = view_type(face)
         start = view.__array_interface__["data"][0] - template.__array_interface__["data"][0]
         return dt, start + lo, start + hi
 

@@ -27,7 +27,7 @@ from .collectives.schedule import PendingRequestWarning
 from .datatypes import DatatypeError, plan
 from .datatypes.choose import send_method
 from .datatypes.ir import shift
-from .datatypes.plan import Plan, _bytes_of, shared_plan
+from .datatypes.plan import Plan, bytes_of, shared_plan
 from .datatypes.views import unpack_view_once
 from .runtime.comm import resolve_comm
 from .runtime.orphans import adopt, progress_adopted
@@ -85,7 +85,7 @@ class _OwnedType:
             self.dt.Free()
 
 
-def _view_type(p: Plan) -> tuple[MPI.Datatype, int, int]:
+def view_type(p: Plan) -> tuple[MPI.Datatype, int, int]:
     """The view's layout as an MPI datatype starting at its lowest byte, and its span.
 
     Made once per layout (kept with the plan's derived data): building and committing
@@ -126,12 +126,12 @@ def _typed(obj: Any, p: Plan, datatype: Any, count: int, method: str, writable: 
         whole = flags is not None and flags.c_contiguous and (flags.writeable or not writable)
         if whole and p._holds(obj.nbytes, 0, count):  # MPI takes the array as it is
             return [obj, count, _rebuilt_type(p)]
-        area = _bytes_of(obj, "buf", writable=writable)
+        area = bytes_of(obj, "buf", writable=writable)
         p._bounds(area, 0, count, "buf")
         return [area, count, _rebuilt_type(p)]
     if obj.size == 0:
         return None
-    dt, lo, hi = _view_type(p)
+    dt, lo, hi = view_type(p)
     return [_span(obj, lo, hi, writable), 1, dt]
 
 
@@ -184,7 +184,7 @@ class _Incoming:
         if datatype is not None:
             self.plan = known if known is not None else shared_plan(datatype)
             self.plan._check(count)  # refused before the message is received, not after
-            self.plan._bounds(_bytes_of(obj, "buf", writable=True), 0, count, "buf")
+            self.plan._bounds(bytes_of(obj, "buf", writable=True), 0, count, "buf")
             self.buffer = np.empty(self.plan.size * count, np.uint8)
             return
         arr = obj

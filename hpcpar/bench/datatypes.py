@@ -36,13 +36,13 @@ import argparse
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..plugins import Benchmark, register
-from .harness import Row, Variant, format_header, format_row, sweep
+from .datatype_cases import Gather, cases, measure_case, traffic_of
+from .harness import Row, Variant
 
 __all__: list[str] = []
 
@@ -59,102 +59,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also the GPU cases (cupy arrays: device pack and staging to host vs cupy)",
     )
-
-
-def _cases(n: int) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
-    from mpi4py import MPI
-
-    def face(name: str, slicer: Any, sizes: list[int], subsizes: list[int]) -> tuple[str, Any]:
-        def make() -> tuple[np.ndarray, Any]:
-            a = np.random.default_rng(0).random((n, n, n))
-            dt = MPI.DOUBLE.Create_subarray(sizes, subsizes, [0, 0, 0]).Commit()
-            return a, (slicer(a), dt)
-
-        return name, make
-
-    cases = [
-        face("x face (contiguous plane)", lambda a: a[0], [n, n, n], [1, n, n]),
-        face("y face (rows of N doubles)", lambda a: a[:, 0, :], [n, n, n], [n, 1, n]),
-        face("z face (single doubles)", lambda a: a[:, :, 0], [n, n, n], [n, n, 1]),
-    ]
-
-    def interior() -> tuple[np.ndarray, Any]:
-        a = np.random.default_rng(0).random((n, n, n))
-        dt = MPI.DOUBLE.Create_subarray([n, n, n], [n - 2, n - 2, n - 2], [1, 1, 1]).Commit()
-        return a, (a[1:-1, 1:-1, 1:-1], dt)
-
-    cases.append(("interior (N-2)^3", interior))
-    for block in (8, 64, 512, 4096, 65536):
-
-        def vector(block: int = block) -> tuple[np.ndarray, Any]:
-            count = max(1, (16 << 20) // block)
-            raw = np.random.default_rng(0).integers(0, 255, 2 * block * count, dtype=np.uint8)
-            view = raw.reshape(count, 2 * block)[:, :block]
-            dt = MPI.BYTE.Create_vector(count, block, 2 * block).Commit()
-            return raw, (view, dt)
-
-        cases.append((f"vector of {block} B blocks, stride {2 * block} B", vector))
-
-    def struct() -> tuple[np.ndarray, Any]:
-        record = np.dtype([("a", "i1"), ("b", "f8"), ("c", "i2", (3,))], align=True)
-        data = np.zeros(1 << 20, dtype=record)
-        data["b"] = 1.5
-        dt = MPI.Datatype.Create_struct(
-            [1, 1, 3], [0, 8, 16], [MPI.INT8_T, MPI.DOUBLE, MPI.INT16_T]
-        )
-        element = dt.Create_resized(0, record.itemsize)
-        dt.Free()
-        every = element.Create_contiguous(data.size).Commit()
-        element.Free()
-        return data, (data, every)
-
-    cases.append(("struct (i1, f8, 3 x i2; padded to 24 B)", struct))
-    for blocks, width in ((4096, 8), (4096, 64), (1 << 17, 8)):
-
-        def scattered(blocks: int = blocks, width: int = width) -> tuple[np.ndarray, Any]:
-            rng = np.random.default_rng(0)
-            spots = np.sort(rng.choice(4 * blocks, blocks, replace=False)) * width
-            raw = rng.random(4 * blocks * width // 8)
-            dt = MPI.BYTE.Create_hindexed_block(width, [int(s) for s in spots]).Commit()
-            words = width // 8
-            index = (spots[:, None] // 8 + np.arange(words)).reshape(-1)
-            return raw, (Gather(index), dt)
-
-        cases.append((f"indexed: {blocks} blocks of {width} B at random, 1 in 4", scattered))
-    cases += _small_cases()
-    return cases
-
-
-@dataclass(frozen=True)
-class Gather:
-    """An irregular case's numpy peer: the packed doubles are ``whole[index]``."""
-
-    index: np.ndarray
-
-
-def _small_cases() -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
-    """Small messages, where the time per call (latency) is what counts."""
-    from mpi4py import MPI
-
-    def vector() -> tuple[np.ndarray, Any]:
-        a = np.random.default_rng(0).random(16)
-        return a, (a[::2], MPI.DOUBLE.Create_vector(8, 1, 2).Commit())
-
-    def block() -> tuple[np.ndarray, Any]:
-        a = np.random.default_rng(0).random((64, 64))
-        dt = MPI.DOUBLE.Create_subarray([64, 64], [16, 16], [8, 8]).Commit()
-        return a, (a[8:24, 8:24], dt)
-
-    def face() -> tuple[np.ndarray, Any]:
-        a = np.random.default_rng(0).random((16, 16, 16))
-        dt = MPI.DOUBLE.Create_subarray([16, 16, 16], [16, 16, 1], [0, 0, 0]).Commit()
-        return a, (a[:, :, 0], dt)
-
-    return [
-        ("small: 8 doubles at stride 2 (64 B)", vector),
-        ("small: 16 x 16 block of a 64 x 64 array (2 KiB)", block),
-        ("small: z face of a 16^3 block (2 KiB)", face),
-    ]
 
 
 def _variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> list[Variant]:
@@ -308,7 +212,7 @@ def _send_cases(n: int) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]
     """Faces and interior of the N^3 array, 16 MB of 8 and 64 B blocks, the small vector."""
     names = ("x face", "y face", "z face", "interior", "vector of 8 B", "vector of 64 B",
              "small: 8 doubles")  # fmt: skip
-    return [c for c in _cases(n) if c[0].startswith(names)]
+    return [c for c in cases(n) if c[0].startswith(names)]
 
 
 def _send_variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> list[Variant]:
@@ -378,57 +282,6 @@ def _send_variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> l
 _PERSISTENT: list[Any] = []  # the persistent requests a send case made, freed after it
 
 
-LINE = 64  # bytes in a cache line
-
-
-def lines_read(kernels: list[Any], address: int) -> int:
-    """Cache lines the source side of ``kernels`` touches, with the origin at ``address``.
-
-    Every block's first to last line, the union over all blocks (a line two blocks share
-    counts once): what a pack must read from memory at the least.
-    """
-    from ..datatypes.blocks import expand
-
-    starts, _, lengths = expand(kernels)
-    if not starts.size:
-        return 0
-    first, last = (address + starts) // LINE, (address + starts + lengths - 1) // LINE
-    order = np.argsort(first, kind="stable")
-    first, last = first[order], last[order]
-    covered = np.concatenate(([np.iinfo(np.int64).min + 1], np.maximum.accumulate(last)[:-1]))
-    return int(np.maximum(0, last - np.maximum(first, covered + 1) + 1).sum())
-
-
-def _traffic(p: Any, base: np.ndarray) -> dict[str, Any]:
-    """The cache-line traffic a case implies: lines read, and their bytes over the packed."""
-    lines = lines_read(p._kernels(1), base.ctypes.data)
-    return {"lines_read": lines, "read_per_packed": lines * LINE / max(1, p.size)}
-
-
-def _case(
-    comm: Any,
-    args: argparse.Namespace,
-    say: Callable[..., Any],
-    case: tuple[str, str],
-    variants: list[Variant],
-    size: int,
-    peer: str,
-    traffic: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Sweep one case's variants at one size; print and return its rows."""
-    title, name = case
-    say(f"# case: {title}")
-    if traffic is not None:
-        say(f"#   reads {traffic['lines_read']:,} cache lines of {LINE} B for {size:,} B packed: "
-            f"{traffic['read_per_packed']:.2f}x the packed bytes")  # fmt: skip
-    say(format_header())
-    rows = sweep(comm, variants, [size], peer=peer, repeats=args.repeats, warmup=args.warmup,
-                 min_time=args.min_time, max_iterations=args.max_iterations)  # fmt: skip
-    for m in rows:
-        say(format_row(m))
-    return [{**m.as_dict(), "case": name, **(traffic or {})} for m in rows]
-
-
 def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     from ..datatypes import plan
     from ..errors import UsageError
@@ -451,11 +304,11 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         for threads, rate in _roof():
             say(f"# copy roof: np.copyto, 2 GiB working set, {threads} thread(s): {rate:.2f} GB/s")
     results = []
-    for name, make in _cases(args.n):
+    for name, make in cases(args.n):
         whole, (view, dt) = make()
         variants = _variants(comm, whole, view, dt)
-        traffic = _traffic(plan(dt), whole.reshape(-1).view(np.uint8))
-        results += _case(comm, args, say, (name, name), variants, dt.Get_size(), "mpi-pack",
+        traffic = traffic_of(plan(dt), whole.reshape(-1).view(np.uint8))
+        results += measure_case(comm, args, say, (name, name), variants, dt.Get_size(), "mpi-pack",
                          traffic)  # fmt: skip
         dt.Free()
     if args.gpu:
@@ -466,12 +319,12 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         title = f"3D halo exchange, {args.n}^3 per rank, width 1, periodic (peer: pack+Sendrecv)"
         size = 6 * args.n * args.n * 8
         variants = _halo_variants(comm, args.n)
-        results += _case(comm, args, say, (title, "halo"), variants, size, "pack+Sendrecv")
+        results += measure_case(comm, args, say, (title, "halo"), variants, size, "pack+Sendrecv")
         for name, make in _send_cases(args.n):
             whole, (view, dt) = make()
             title = f"send round trip, ranks 2k <-> 2k+1: {name} (peer: mpi-datatype)"
             variants = _send_variants(comm, whole, view, dt)
-            results += _case(comm, args, say, (title, f"send: {name}"), variants,
+            results += measure_case(comm, args, say, (title, f"send: {name}"), variants,
                              dt.Get_size(), "mpi-datatype")  # fmt: skip
             dt.Free()
             while _PERSISTENT:

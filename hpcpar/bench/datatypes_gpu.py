@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .datatypes import Gather, _case, _cases
+from .datatype_cases import Gather, cases, measure_case
 from .harness import Variant
 
 __all__ = ["gpu_cases"]
@@ -154,13 +154,13 @@ def gpu_cases(comm: Any, args: argparse.Namespace, say: Callable[..., Any]) -> l
     for name, index in _GPU_CASES:
         variants = _gpu_variants(whole, index)
         case = (f"GPU {name}", f"GPU {name}")
-        results += _case(comm, args, say, case, variants, index(whole).nbytes,
+        results += measure_case(comm, args, say, case, variants, index(whole).nbytes,
                          "cupy-contiguous")  # fmt: skip
-    for name, make in _cases(args.n):  # the smallest irregular case (the kernel: one launch)
+    for name, make in cases(args.n):  # the smallest irregular case (the kernel: one launch)
         if name.startswith("indexed: 4096 blocks of 8 B"):
             raw, (gather, dt) = make()
             variants = _gpu_irregular_variants(raw, gather, dt)
             case = (f"GPU {name}", f"GPU {name}")
-            results += _case(comm, args, say, case, variants, dt.Get_size(), "cupy-take")
+            results += measure_case(comm, args, say, case, variants, dt.Get_size(), "cupy-take")
             dt.Free()
     return results

@@ -176,7 +176,11 @@ def allreduce(
         and not reproducible
         and (autotune or (autotune is None and _autotune_on()))
     ):
-        algorithm = tuned_algorithm(x, op, comm)[0]
+
+        def timed(name: str, scratch: np.ndarray) -> Any:
+            return allreduce(x, op, out=scratch, comm=comm, algorithm=name, autotune=False)
+
+        algorithm = tuned_algorithm(x, op, comm, timed)[0]
         result = fast_allreduce(x, op, out, comm, algorithm, False)
         if result is not None:
             return result

@@ -17,6 +17,7 @@ tunes; later calls of the size class cost one dictionary lookup.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -72,8 +73,17 @@ def measure_calls(state: Any, name: str, run: Any) -> float:
     return best
 
 
-def tuned_algorithm(x: Any, op: Any, comm: Any) -> tuple[str, str]:
+def tuned_algorithm(
+    x: Any, op: Any, comm: Any, call: Callable[[str, np.ndarray], Any]
+) -> tuple[str, str]:
     """The algorithm ``auto`` keeps for an allreduce like this one, timing it if new.
+
+    Args:
+        x: The call's data.
+        op: Its op.
+        comm: Its communicator.
+        call: ``call(algorithm, scratch)`` runs the allreduce of ``x`` with that
+            algorithm into ``scratch`` (collective; timed for each candidate).
 
     Returns:
         (algorithm, reason); the reason lists the measured candidates.
@@ -83,7 +93,6 @@ def tuned_algorithm(x: Any, op: Any, comm: Any) -> tuple[str, str]:
     quick = (x.nbytes.bit_length(), x.dtype.str, opkey, getenv_fast("", _PROFILE))
     if state is not None and quick in state.tuned_quick:
         return state.tuned_quick[quick]
-    from . import api
     from .algorithms import ALGORITHMS
     from .cost.explain import plan_for
     from .cost.profile import active_profile
@@ -109,10 +118,8 @@ def tuned_algorithm(x: Any, op: Any, comm: Any) -> tuple[str, str]:
     candidates = [LIBRARY, *others[:CANDIDATES]]
     scratch = x.copy()
     mine = [
-        measure_calls(state, name, lambda name=name: api.allreduce(x, op, out=scratch, comm=comm,
-                                                              algorithm=name, autotune=False))
-        for name in candidates
-    ]  # fmt: skip
+        measure_calls(state, name, lambda name=name: call(name, scratch)) for name in candidates
+    ]
     times = np.empty(len(mine))
     state.private.Allreduce(np.array(mine), times, op=MPI.MAX)
     best = int(np.argmin(times))

@@ -135,24 +135,24 @@ def offsets(counts: list[int]) -> list[int]:
     return out
 
 
-_last: list[Any] = [None]  # CollectiveStats, or a library call's (collective, bytes)
+LAST_CALL: list[Any] = [None]  # CollectiveStats, or a library call's (collective, bytes)
 
 
 def remember_stats(stats: CollectiveStats) -> None:
     """Record the counters of the collective this rank just completed."""
-    _last[0] = stats
+    LAST_CALL[0] = stats
 
 
 def note_library_call(collective: str, nbytes: int) -> None:
     """Record a call the library made alone (its stats are made up if someone asks)."""
-    _last[0] = (collective, nbytes)
+    LAST_CALL[0] = (collective, nbytes)
 
 
 def last_stats() -> CollectiveStats | None:
     """Counters of the collective this rank completed last (messages and bytes per level)."""
-    last = _last[0]
+    last = LAST_CALL[0]
     if type(last) is tuple:  # the library's call, made by the fast path: made up on demand
         stats = CollectiveStats(last[0], LIBRARY, last[1])
         stats.inside_mpi = True
-        _last[0] = last = stats
+        LAST_CALL[0] = last = stats
     return last

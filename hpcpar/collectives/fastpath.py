@@ -18,7 +18,7 @@ from mpi4py import MPI
 from ..runtime.env import RAW_ENVIRON, TRUE_WORDS
 from ..runtime.orphans import ADOPTED, progress_adopted
 from . import mpi_library
-from .channel import _last
+from .channel import LAST_CALL
 from .registry import LIBRARY
 from .select import choose
 from .state import fast_state
@@ -91,7 +91,7 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: each helper call costs ~7
         state.private.Allreduce(_IN_PLACE, out, mpi_op)
     else:
         state.private.Allreduce(x, out, mpi_op)
-    _last[0] = ("allreduce", x.nbytes)  # note_library_call, inlined
+    LAST_CALL[0] = ("allreduce", x.nbytes)  # note_library_call, inlined
     return out
 
 

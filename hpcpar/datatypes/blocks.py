@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import Kernel, _numba_loop
-from .threads import PARALLEL_BYTES, _threads, run_parts
+from .kernels import Kernel, numba_loop
+from .threads import PARALLEL_BYTES, copy_threads, run_parts
 
 __all__ = [
     "Blocks",
@@ -205,11 +205,11 @@ def block_op(
         word //= 2
     at, length = b.in_words(word, lo)
     step = extent // word
-    loop = _numba_loop("blocks", pack, isinstance(length, int))
+    loop = numba_loop("blocks", pack, isinstance(length, int))
     if loop is None:
         index = _word_index(at, length, count, step)
         copy = functools.partial(_take if pack else _put, index)
-    elif size * count >= PARALLEL_BYTES and _threads() > 1:
+    elif size * count >= PARALLEL_BYTES and copy_threads() > 1:
         ends = b.packed_ends(word) if count == 1 else None
         parts = _parts(loop, at, length, ends, count, step, user, flat, pack)
         copy = functools.partial(_run_parts, parts)
@@ -236,7 +236,7 @@ def _parts(
     side is all of it (a run of elements: from its first element on).
     16 MB of scattered 8 B blocks on two threads: 1.80 ms against 3.12 on one.
     """
-    threads = _threads()
+    threads = copy_threads()
     if ends is not None:  # one element: ``ends``, packed words before each block, then all
         total = int(ends[-1])
         cuts = [int(np.searchsorted(ends, total * i // threads)) for i in range(threads + 1)]

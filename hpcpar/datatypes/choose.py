@@ -32,7 +32,7 @@ from typing import Any
 from ..collectives.cost.profile import active_profile
 from .ir import Strided
 from .plan import Plan
-from .threads import _local_ranks
+from .threads import local_ranks
 
 __all__ = ["send_method", "device_send_method", "explain_send", "typical_block"]
 
@@ -105,7 +105,7 @@ def _nearest(
 
 def oversubscribed() -> bool:
     """Whether this node runs more ranks (as the launcher says) than it has cores."""
-    return _local_ranks() > (os.cpu_count() or 1)
+    return local_ranks() > (os.cpu_count() or 1)
 
 
 def send_method(p: Plan, count: int = 1, profile: Any = None) -> tuple[str, str]:
@@ -188,12 +188,12 @@ def _active(profile: Any) -> Any:
 
 def device_send_method(p: Plan, profile: Any = None) -> tuple[str, str]:
     """``("staged" | "device", reason)`` for moving a GPU view's packed bytes to or from host."""
-    from .gpu import _one_dma
+    from .gpu import one_dma
 
     row = _nearest(_table(_active(profile), "device_send_methods"), typical_block(p), p.size)
     if row is not None:  # [block, bytes, device s, staged s]
         return _choice(row, ("staged", "device"), (row[3], row[2]), p.size)
-    if _one_dma(p._kernels(1)) is not None:
+    if one_dma(p._kernels(1)) is not None:
         return "staged", "no measured table: one strided run is one cudaMemcpy2D to the host"
     return "device", "no measured table: the layout needs the pack kernel, then one copy"
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DatatypeError
-from .kernels import Kernel, _word
+from .kernels import Kernel, device_word
 from .plan import Plan
 
 __all__ = [
@@ -128,7 +128,7 @@ def _run(p: Plan, user: Any, packed: Any, count: int, origin: int, pack: bool) -
         _run_blocks(p, blocks, user, packed, count, origin, pack)
         return
     for k, (counts, ustr, pstr) in _device_dims(p, count):
-        w = _word(k, user_addr + origin, packed_addr)
+        w = device_word(k, user_addr + origin, packed_addr)
         nwords = k.size // w
         total = nwords * int(np.prod([c for c, _, _ in k.dims] or [1]))
         _kernel(w)(
@@ -239,7 +239,7 @@ def pack_to_host(p: Plan, src: Any, *, origin: int = 0) -> np.ndarray:
     return host
 
 
-def _one_dma(kernels: list[Kernel]) -> tuple[int, int, int, int] | None:
+def one_dma(kernels: list[Kernel]) -> tuple[int, int, int, int] | None:
     """``(src, rows, pitch, width)`` when the layout is one ``cudaMemcpy2D``, else None.
 
     That is one block over at most one dimension whose stride is positive and at least the
@@ -263,7 +263,7 @@ def _copy_2d(p: Plan, area: Any, origin: int, host: np.ndarray, stream: Any, to_
     """
     import cupy
 
-    dma = _one_dma(p._kernels(1))
+    dma = one_dma(p._kernels(1))
     if dma is None:
         return False
     start, rows, pitch, width = dma

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .ir import Item, Strided, packed_size
-from .threads import PARALLEL_BYTES, _local_ranks, _threads, parallel_copy
+from .threads import PARALLEL_BYTES, copy_threads, local_ranks, parallel_copy
 
 __all__ = [
     "Kernel",
@@ -88,7 +88,7 @@ def flatten(
     return out
 
 
-def _word(k: Kernel, src_addr: int, dst_addr: int) -> int:
+def device_word(k: Kernel, src_addr: int, dst_addr: int) -> int:
     """The widest word of ``k.words`` that both base addresses allow (device buffers)."""
     return next(w for w in k.words if src_addr % w == 0 and dst_addr % w == 0)
 
@@ -260,7 +260,7 @@ def copy_op(
     worth_rows = not once or (nbytes >= ONCE_ROWS_BYTES and dst.shape[-1] * item < SHORT_ROW_BYTES)
     if copy is np.copyto and nbytes < COMPILED_BYTES and worth_rows:
         dst, src = _as_rows(dst, src)
-    if nbytes >= PARALLEL_BYTES and dst.ndim >= 1 and dst.shape[0] >= 2 and _threads() > 1:
+    if nbytes >= PARALLEL_BYTES and dst.ndim >= 1 and dst.shape[0] >= 2 and copy_threads() > 1:
         return functools.partial(parallel_copy, copy=copy), dst, src
     return copy, dst, src
 
@@ -299,7 +299,7 @@ def _sparse_words(dst: np.ndarray, src: np.ndarray) -> Any:
         gather = False
     else:
         return None
-    return _numba_loop("ahead", dst.ndim, gather)
+    return numba_loop("ahead", dst.ndim, gather)
 
 
 def _as_rows(dst: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -367,7 +367,7 @@ LONG_ROW_BYTES = 1 << 16  # (rows shorter than this, read sparsely, go to numpy)
 
 def streaming_bytes() -> int:
     """An eighth of this rank's share of the last-level cache, at least ``COMPILED_BYTES``."""
-    return max(COMPILED_BYTES, _last_level_cache() // (8 * _local_ranks()))
+    return max(COMPILED_BYTES, _last_level_cache() // (8 * local_ranks()))
 
 
 # Copies this large stream (into long runs): ``streaming_bytes()``, read on first use
@@ -401,10 +401,10 @@ def _compiled(ndim: int, streaming: bool) -> Any:
 
     None also where numba is missing: numpy's copy is right, only slower.
     """
-    return _numba_loop("loop", ndim, streaming)
+    return numba_loop("loop", ndim, streaming)
 
 
-def _numba_loop(maker: str, *args: Any) -> Any:
+def numba_loop(maker: str, *args: Any) -> Any:
     """``loops.<maker>(*args)``, made once; None where numba (``loops``) cannot load."""
     key = (maker, *args)
     if key not in _loops:

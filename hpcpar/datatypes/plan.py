@@ -163,7 +163,7 @@ class Plan:
         view = self.view_shape is not None and origin == 0 and count == 1
         view = view and isinstance(src, np.ndarray)
         if not view:
-            area = _bytes_of(src, "src", writable=False)
+            area = bytes_of(src, "src", writable=False)
             self._bounds(area, origin, count, "src")
             user = self._as_view(area, src, origin, count) if out is None else None
             if user is not None:  # into a new buffer, as that view would be
@@ -225,7 +225,7 @@ class Plan:
             return dst
         self._check(count)
         need = self.size * count
-        packed = _bytes_of(buf, "buf", writable=False)
+        packed = bytes_of(buf, "buf", writable=False)
         if packed.size < need:
             raise DatatypeError(
                 f"buf has {packed.size} bytes; unpacking {count} element(s) needs {need}"
@@ -238,7 +238,7 @@ class Plan:
         ):
             ops = unpack_view(self, packed, dst, once=not remember)
         else:
-            area = _bytes_of(dst, "dst", writable=True)
+            area = bytes_of(dst, "dst", writable=True)
             if np.may_share_memory(area, packed) and np.shares_memory(area, packed):
                 raise DatatypeError("dst and buf overlap; unpack into separate memory")
             self._bounds(area, origin, count, "dst")
@@ -367,13 +367,13 @@ def _describe(items: tuple[Item, ...], indent: str) -> list[str]:
 def _out_buffer(out: Any, need: int) -> np.ndarray:
     if out is None:
         return np.empty(need, dtype=np.uint8)
-    packed = _bytes_of(out, "out", writable=True)
+    packed = bytes_of(out, "out", writable=True)
     if packed.size < need:
         raise DatatypeError(f"out has {packed.size} bytes; the packed data needs {need}")
     return packed[:need]
 
 
-def _bytes_of(obj: Any, name: str, writable: bool) -> np.ndarray:
+def bytes_of(obj: Any, name: str, writable: bool) -> np.ndarray:
     """A flat uint8 view of a contiguous buffer (or of a whole numpy array's memory)."""
     if isinstance(obj, np.ndarray):
         flags = obj.flags

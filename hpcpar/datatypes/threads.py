@@ -1,7 +1,7 @@
 """This rank's share of the node's cores, and the helper threads large copies run on.
 
 A copy from ``PARALLEL_BYTES`` is cut into parts, one per core of this rank's share
-(``_threads``); the calling thread copies the first part and helper threads, which
+(``copy_threads``); the calling thread copies the first part and helper threads, which
 poll for work for a moment after each part, copy the rest (``run_parts``). Every copy
 a part runs (numpy's, numba's nogil loops) lets the GIL go.
 """
@@ -28,7 +28,7 @@ _pool: list[Any] = []
 _LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE")
 
 
-def _local_ranks() -> int:
+def local_ranks() -> int:
     """The ranks the launcher says share this node (Hydra, Open MPI, PMI), else 1."""
     return next((int(v) for v in map(os.environ.get, _LOCAL_RANKS)
                  if v and v.isdigit() and int(v) >= 1), 1)  # fmt: skip
@@ -37,7 +37,7 @@ def _local_ranks() -> int:
 _thread_count: list[int] = []
 
 
-def _threads() -> int:
+def copy_threads() -> int:
     """Threads for one large copy: this rank's share of the node's cores (1 to 8).
 
     ``HPCPAR_COPY_THREADS`` sets it; otherwise the cores this process may run on,
@@ -50,7 +50,7 @@ def _threads() -> int:
         if wanted.isdigit() and int(wanted) >= 1:
             count = int(wanted)
         else:
-            count = max(1, usable_cores() // _local_ranks())
+            count = max(1, usable_cores() // local_ranks())
         _thread_count.append(min(count, 8))
     return _thread_count[0]
 
@@ -63,7 +63,7 @@ def copy_array(dst: np.ndarray, src: np.ndarray) -> None:
     """
     if (
         dst.nbytes < PARALLEL_BYTES
-        or _threads() < 2
+        or copy_threads() < 2
         or dst.shape != src.shape
         or dst.dtype != src.dtype
         or dst.dtype.hasobject
@@ -72,14 +72,14 @@ def copy_array(dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src)
         return
     flat_dst, flat_src = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
-    cuts = [min(flat_dst.size, (flat_dst.size * i // _threads()) // 64 * 64)
-            for i in range(_threads())] + [flat_dst.size]  # fmt: skip
+    cuts = [min(flat_dst.size, (flat_dst.size * i // copy_threads()) // 64 * 64)
+            for i in range(copy_threads())] + [flat_dst.size]  # fmt: skip
     _on_threads(np.copyto, flat_dst, flat_src, cuts)
 
 
 def parallel_copy(dst: np.ndarray, src: np.ndarray, copy: Any = np.copyto) -> None:
     """Copy in slices of the outermost dimension, one per core."""
-    bounds = np.linspace(0, dst.shape[0], min(_threads(), dst.shape[0]) + 1).astype(int)
+    bounds = np.linspace(0, dst.shape[0], min(copy_threads(), dst.shape[0]) + 1).astype(int)
     _on_threads(copy, dst, src, bounds)
 
 
@@ -96,7 +96,7 @@ def run_parts(parts: list[tuple[Any, np.ndarray, np.ndarray]]) -> None:
     if not parts:
         return
     if len(parts) > 1 and not _pool:
-        _pool.extend(_Helper() for _ in range(max(1, _threads() - 1)))
+        _pool.extend(_Helper() for _ in range(max(1, copy_threads() - 1)))
     done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
     for k, (copy, dst, src) in enumerate(parts[1:]):
         _pool[k % len(_pool)].jobs.put((copy, dst, src, done))

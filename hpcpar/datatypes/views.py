@@ -8,15 +8,22 @@ cheaply and remember, per layout, when numpy's own copy was the choice.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from .errors import DatatypeError
 from .kernels import WIDEN_BYTES, copy_op, run_copies
 
-if TYPE_CHECKING:
-    from .plan import Plan
+
+class Plan(Protocol):
+    """What these copies need of a view's plan (``plan.Plan``)."""
+
+    view_shape: tuple[int, ...]
+    view_dtype: np.dtype
+    size: int
+    _memo: dict[Any, Any]  # per-layout choices, kept with the plan's derived data
+
 
 __all__ = ["pack_view", "pack_view_anew", "same_view", "unpack_view", "unpack_view_once"]
 

@@ -302,7 +302,7 @@ def test_sat_benchmark_end_to_end(comm, tmp_path):
 def test_cache_lines_a_layout_reads_against_a_brute_force_count():
     from mpi4py import MPI
 
-    from hpcpar.bench.datatypes import LINE, lines_read
+    from hpcpar.bench.datatype_cases import LINE, lines_read
     from hpcpar.datatypes import plan
 
     rng = np.random.default_rng(4)

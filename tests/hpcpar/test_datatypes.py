@@ -540,7 +540,7 @@ def test_without_a_table_regular_layouts_go_as_datatypes_irregular_ones_packed(
 def test_oversubscribed_compares_the_launchers_ranks_with_the_nodes_cores(monkeypatch):
     from hpcpar.datatypes import choose
 
-    monkeypatch.setattr(choose, "_local_ranks", lambda: 4)
+    monkeypatch.setattr(choose, "local_ranks", lambda: 4)
     monkeypatch.setattr(choose.os, "cpu_count", lambda: 2)
     assert choose.oversubscribed()
     monkeypatch.setattr(choose.os, "cpu_count", lambda: 4)
@@ -788,7 +788,7 @@ def test_copy_threads_are_this_ranks_share_of_the_cores(monkeypatch):
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         monkeypatch.setattr(threads, "_thread_count", [])
-        assert threads._threads() == want, env
+        assert threads.copy_threads() == want, env
 
 
 @pytest.mark.parametrize("kind", ["datatype", "view"])
@@ -900,7 +900,7 @@ def test_irregular_layouts_take_the_block_loop_and_match_mpi(
     from hpcpar.datatypes import blocks
 
     if not numba:
-        monkeypatch.setattr(blocks, "_numba_loop", lambda *args: None)
+        monkeypatch.setattr(blocks, "numba_loop", lambda *args: None)
     dt = _irregular(kind).Commit()
     try:
         p = datatypes.plan(dt)
@@ -959,7 +959,7 @@ def test_large_irregular_copies_split_over_threads_exactly(kind, count, monkeypa
     from hpcpar.datatypes import blocks
 
     monkeypatch.setattr(blocks, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(blocks, "_threads", lambda: 3)
+    monkeypatch.setattr(blocks, "copy_threads", lambda: 3)
     split = []
     real = blocks._parts
     monkeypatch.setattr(blocks, "_parts", lambda *a: split.append(real(*a)) or split[-1])

@@ -1,0 +1,107 @@
+"""The house rules, checked on the source: no import cycles, no borrowed private names,
+the core never imports an app, every module says what it is for and what it exports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import hpcpar
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"hpcpar": ROOT / "hpcpar", "hpcpar.checkpoint": ROOT / "checkpoint",
+            "hpcpar.apps": ROOT / "apps"}  # fmt: skip
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join([package, *parts])] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, str | None]]:
+    """(module imported, name taken from it or None), every import statement, nested too."""
+    base = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = base.split(".")[: len(base.split(".")) - node.level + 1]
+                target = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.append((sub, None) if sub in MODULES else (target, alias.name))
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def test_no_import_cycles():
+    edges = {n: {t for t, _ in found if t in MODULES and t != n} for n, found in GRAPH.items()}
+    cycles, seen, path = [], set(), []
+
+    def visit(node: str) -> None:
+        if node in path:
+            cycles.append([*path[path.index(node) :], node])
+            return
+        if node in seen:
+            return
+        seen.add(node)
+        path.append(node)
+        for nxt in sorted(edges[node]):
+            visit(nxt)
+        path.pop()
+
+    for node in sorted(edges):
+        visit(node)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_module_imports_another_modules_private_names():
+    borrowed = [f"{n} imports {item} from {t}" for n, found in GRAPH.items()
+                for t, item in found if item and item.startswith("_")
+                and not item.startswith("__") and t in MODULES]  # fmt: skip
+    assert not borrowed, "\n".join(borrowed)
+
+
+def test_the_core_never_imports_an_app():
+    core = [n for n in GRAPH if not n.startswith("hpcpar.apps")]
+    uses = [f"{n} imports {t}" for n in core for t, _ in GRAPH[n] if t.startswith("hpcpar.apps")]
+    assert not uses, "\n".join(uses)
+
+
+def test_every_module_says_what_it_is_for_and_declares_all():
+    missing = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        doc = ast.get_docstring(tree)
+        if not doc or not doc.splitlines()[0].strip():
+            missing.append(f"{name}: no one-line docstring")
+        names = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                 if isinstance(t, ast.Name)}  # fmt: skip
+        if "__all__" not in names and not name.endswith("__main__"):
+            missing.append(f"{name}: no __all__")
+    assert not missing, "\n".join(missing)
+
+
+def test_the_public_names_resolve():
+    for name in hpcpar.__all__:
+        assert getattr(hpcpar, name) is not None, name
+    import hpcpar.collectives as collectives
+
+    for name in collectives.__all__:
+        assert getattr(collectives, name) is not None, name
