@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Set up hpcpar in ./.venv and run the demo or the whole test suite.
 
-    python3 dev.py demo    # set up, then run 'hpcpar demo' on 4 ranks
-    python3 dev.py test    # set up, then lint and run the tests serially and at 2, 3, 4 ranks
+    python3 dev.py demo          # set up, then run 'hpcpar demo' on 4 ranks
+    python3 dev.py test          # set up, lint, then every test serially and at 2, 3, 4 ranks
+    python3 dev.py test --quick  # set up, lint, then the fast tests serially and at 2 ranks
+
+Arguments after ``test`` (and ``--quick``) go to every pytest run.
 
 Set-up is idempotent: it is skipped while setup.cfg and pyproject.toml are unchanged.
 Only the standard library is used here, so a fresh machine with Python and pip suffices.
@@ -101,15 +104,21 @@ def ensure_slurm() -> None:
     _say("installing slurm-wlm and munge failed: the Slurm tests will skip")
 
 
-def test(pytest_args: list[str]) -> None:
-    """Lint, then run every test serially (MPI tests at one rank) and at 2, 3 and 4 ranks."""
+def test(pytest_args: list[str], quick: bool = False) -> None:
+    """Lint, then run every test serially (MPI tests at one rank) and at 2, 3 and 4 ranks.
+
+    ``quick``: only the tests not marked ``slow`` (those that start whole jobs), serially
+    and at 2 ranks, for the edit-test loop; CI runs everything.
+    """
     setup("test")
-    ensure_slurm()
+    if not quick:
+        ensure_slurm()
     started = time.monotonic()
     _run(PY, "-m", "ruff", "check", ".")
     _run(PY, "-m", "ruff", "format", "--check", ".")
-    _run(PY, "-m", "pytest", "--with-mpi", *pytest_args, timeout=JOB_TIMEOUT_S)
-    for ranks in RANKS_UNDER_MPI:
+    serial, under_mpi = (["-m", "not slow"], "mpi and not slow") if quick else ([], "mpi")
+    _run(PY, "-m", "pytest", "--with-mpi", *serial, *pytest_args, timeout=JOB_TIMEOUT_S)
+    for ranks in RANKS_UNDER_MPI[:1] if quick else RANKS_UNDER_MPI:
         _run(
             BIN / "hpcpar",
             "launch",
@@ -123,7 +132,7 @@ def test(pytest_args: list[str]) -> None:
             "pytest",
             "--with-mpi",
             "-m",
-            "mpi",
+            under_mpi,
             "-q",
             *pytest_args,
             env=_mpi_env(),
@@ -139,7 +148,8 @@ def main() -> None:
     if sys.argv[1] == "demo":
         demo()
     else:
-        test(sys.argv[2:])
+        quick = "--quick" in sys.argv[2:]
+        test([a for a in sys.argv[2:] if a != "--quick"], quick=quick)
 
 
 if __name__ == "__main__":

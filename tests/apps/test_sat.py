@@ -292,6 +292,7 @@ def test_unsatisfiable_runs_to_the_timeout_and_reports_unknown(tmp_path, capsys)
     assert "s UNKNOWN" in out and "v " not in out
 
 
+@pytest.mark.slow
 def test_killed_long_run_resumes_to_the_same_model(tmp_path):
     from launching import clean_env, launch
 

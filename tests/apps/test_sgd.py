@@ -69,6 +69,7 @@ RESUMES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "every", "kill", "resumed"), RESUMES)
 def test_killed_training_resumes_to_the_same_model(tmp_path, mode, every, kill, resumed):
     import sys
@@ -126,6 +127,7 @@ def test_user_data_files(tmp_path):
         load_dataset(str(tmp_path / "junk.npz"))
 
 
+@pytest.mark.slow
 def test_the_demo_sgd_step_passes_again_in_the_same_folder(tmp_path):
     """A second demo in one results folder kills and resumes afresh (it used to resume the
     first demo's finished checkpoint, so nothing was killed and the step failed)."""

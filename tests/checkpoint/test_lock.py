@@ -12,6 +12,8 @@ from mpi4py import MPI
 
 from hpcpar.launcher import detached_env
 
+pytestmark = pytest.mark.slow  # starts whole jobs: left out of dev.py test --quick
+
 
 def test_a_second_job_is_refused_and_named(tmp_path):
     holder = textwrap.dedent(

@@ -90,6 +90,7 @@ def test_sweep_measures_validates_and_compares(comm):
     assert len(row.split()) == len(header.lstrip("#").split())
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_allreduce_mpi_benchmark_end_to_end(comm, tmp_path, capsys):
     prefix = comm.bcast(str(tmp_path / "ar"), root=0)
@@ -120,6 +121,7 @@ def test_allreduce_mpi_benchmark_end_to_end(comm, tmp_path, capsys):
         assert open(prefix + ".csv").readline().startswith("size,variant,avg_us")
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_datatypes_benchmark_end_to_end(comm, tmp_path, capsys):
     prefix = comm.bcast(str(tmp_path / "dt"), root=0)
@@ -157,6 +159,7 @@ def test_datatypes_benchmark_end_to_end(comm, tmp_path, capsys):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_checkpoint_benchmark_end_to_end(comm, tmp_path, capsys):
     folder = comm.bcast(str(tmp_path), root=0)
@@ -181,6 +184,7 @@ def test_checkpoint_benchmark_end_to_end(comm, tmp_path, capsys):
     assert not leftovers
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_cfr_benchmark_end_to_end(comm, tmp_path, capsys):
     pytest.importorskip("pyspiel", reason="the peer is OpenSpiel (open_spiel)")
@@ -211,6 +215,7 @@ def _sgd_rows(comm, tmp_path, extra):
     return comm.bcast(rows, root=0)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_sgd_benchmark_modes_and_sklearn_peer(comm, tmp_path):
     pytest.importorskip("sklearn", reason="digits and the SGDClassifier peer need scikit-learn")
@@ -269,6 +274,7 @@ echo "s SATISFIABLE"
 """
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_sat_benchmark_end_to_end(comm, tmp_path):
     import os

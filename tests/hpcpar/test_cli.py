@@ -12,6 +12,8 @@ from launching import clean_env, hpcpar, launch
 
 from hpcpar.cli.main import main
 
+pytestmark = [pytest.mark.slow]  # starts whole jobs: left out of dev.py test --quick
+
 
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "error:" in line]

@@ -11,6 +11,8 @@ import pytest
 
 from hpcpar.collectives.cost.profile import load_profile
 
+pytestmark = [pytest.mark.slow]  # starts whole jobs: left out of dev.py test --quick
+
 
 def hpcpar(*args, env=None, timeout=120):
     base = {

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts whole jobs: left out of dev.py test --quick
+
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = ROOT / "tests" / "standin"
 MPI_ENV = {"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "true", "MPIR_CVAR_POLLS_BEFORE_YIELD": "1"}

@@ -6,9 +6,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from launching import clean_env
 
 from hpcpar.plugins import CORE_MODULES, benchmarks, commands, tour_steps
+
+pytestmark = pytest.mark.slow  # starts whole jobs: left out of dev.py test --quick
 
 TOY = """
 from hpcpar.plugins import Benchmark, Command, TourStep, register

@@ -82,6 +82,7 @@ def test_setup_and_run_plans():
     assert cyclic[cyclic.index("-n") + 1] == "6"
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line():
     for args, message in (
         (["vcluster", "up", "--nodes", "0"], "--nodes must be 1..64"),

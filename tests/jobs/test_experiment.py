@@ -10,6 +10,8 @@ from hpcpar.cli.experiment import load_config, points, run_sweep
 from hpcpar.cli.main import main
 from hpcpar.errors import UsageError
 
+pytestmark = pytest.mark.slow  # starts whole jobs: left out of dev.py test --quick
+
 SWEEP = '''
 [experiment]
 name = "tiny"
