@@ -11,6 +11,7 @@ from typing import Any
 
 from hpcpar.cli.common import add_layout_argument
 from hpcpar.plugins import Command, register
+from hpcpar.runtime.plots import pyplot, save
 
 __all__: list[str] = []
 
@@ -162,21 +163,21 @@ def _write(comm: Any, args: argparse.Namespace, solver: Any, rows: list, h: Any)
 
 
 def _plot(rows: list[dict[str, Any]], path: str, solver: Any) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    """Exploitability against iterations and against seconds, on log axes."""
+    plt = pyplot()
+    if plt is None or not rows:
         return
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.loglog([r["seconds"] for r in rows], [r["exploitability"] for r in rows])
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("exploitability")
-    ax.set_title(f"{solver.algorithm} on {solver.tree.name}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    fig, (by_iteration, by_time) = plt.subplots(1, 2, figsize=(8, 3.5), sharey=True)
+    gaps = [r["exploitability"] for r in rows]
+    by_iteration.loglog([r["iteration"] for r in rows], gaps, marker=".")
+    by_iteration.set_xlabel("iterations")
+    by_iteration.set_ylabel("exploitability")
+    by_time.loglog([max(r["seconds"], 1e-6) for r in rows], gaps, marker=".")
+    by_time.set_xlabel("seconds")
+    for ax in (by_iteration, by_time):
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"{solver.algorithm} on {solver.tree.name}")
+    save(fig, path)
 
 
 register(

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from hpcpar.cli.common import add_layout_argument
 from hpcpar.plugins import Command, register
+from hpcpar.runtime.plots import pyplot, save
 
 __all__: list[str] = []
 
@@ -105,7 +107,30 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
         for kind in result.times:
             doc[f"{kind}_harmonic_mean_teps"] = result.harmonic_teps(kind)
         write_json(args.out, doc, comm=comm, layout=args.layout, parameters=vars(args))
+        if comm.Get_rank() == 0:
+            _plot(result, f"{Path(args.out).with_suffix('')}.png", args.partition)
     return 0
+
+
+def _plot(result: Any, path: str, partition: str) -> None:
+    """TEPS of every search key, with the harmonic mean, per kernel."""
+    plt = pyplot()
+    if plt is None or not result.times:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for kind, times in result.times.items():
+        teps = [n / t for n, t in zip(result.nedge, times, strict=True)]
+        line = ax.plot(range(len(teps)), teps, marker="o", linestyle="", label=kind)[0]
+        ax.axhline(result.harmonic_teps(kind), color=line.get_color(), linestyle=":",
+                   label=f"{kind} harmonic mean")  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xlabel("search key")
+    ax.set_ylabel("TEPS")
+    graph = f"SCALE {result.scale}" if result.scale is not None else "edge file"
+    ax.set_title(f"{graph}, {result.ranks} rank(s), {partition} partition")
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    save(fig, path)
 
 
 register(

@@ -13,6 +13,7 @@ import numpy as np
 
 from hpcpar.cli.common import add_layout_argument
 from hpcpar.plugins import Command, register
+from hpcpar.runtime.plots import pyplot, save
 
 __all__: list[str] = []
 
@@ -281,12 +282,9 @@ def _write_predict(args: argparse.Namespace, comm: Any, fits: Any, table: list, 
     write_json(args.out, doc, comm=None, layout=args.layout, parameters=params)
     base = Path(args.out).with_suffix("")
     write_csv(f"{base}.csv", table, comm=None)
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(5.5, 4))
     cores = [r["cores"] for r in table]
@@ -300,9 +298,7 @@ def _write_predict(args: argparse.Namespace, comm: Any, fits: Any, table: list, 
     ax.set_xlabel("cores (portfolio runs)")
     ax.set_ylabel("speedup")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(f"{base}.png", dpi=100)
-    plt.close(fig)
+    save(fig, f"{base}.png")
 
 
 register(

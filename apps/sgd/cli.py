@@ -9,6 +9,7 @@ from typing import Any
 
 from hpcpar.cli.common import add_layout_argument
 from hpcpar.plugins import Command, register
+from hpcpar.runtime.plots import pyplot, save
 
 __all__: list[str] = []
 
@@ -243,22 +244,21 @@ def _write(comm: Any, args: argparse.Namespace, rows: list, model: Any) -> None:
 
 
 def _plot(rows: list[dict[str, Any]], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    """Training loss and test accuracy per epoch."""
+    plt = pyplot()
+    if plt is None or not rows:
         return
-    import numpy as np
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(np.cumsum([r["seconds"] for r in rows]), [r["loss"] for r in rows], marker="o")
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("training loss")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    epochs = [r["epoch"] for r in rows]
+    fig, (loss, accuracy) = plt.subplots(1, 2, figsize=(8, 3.5))
+    loss.plot(epochs, [r["loss"] for r in rows], marker="o")
+    loss.set_yscale("log")
+    loss.set_ylabel("training loss")
+    accuracy.plot(epochs, [r["test_accuracy"] for r in rows], marker="o", color="tab:green")
+    accuracy.set_ylabel("test accuracy")
+    for ax in (loss, accuracy):
+        ax.set_xlabel("epoch")
+        ax.grid(True, alpha=0.3)
+    save(fig, path)
 
 
 register(

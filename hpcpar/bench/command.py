@@ -8,7 +8,7 @@ from typing import Any
 from ..cli.common import add_layout_argument
 from ..plugins import Command, benchmarks, register
 
-__all__ = ["add_common_arguments"]
+__all__ = ["add_common_arguments", "bandwidth_plot"]
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +66,9 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
         params = {k: v for k, v in vars(args).items() if k != "hpcpar_command"}
         write_json(f"{args.output}.json", rows, comm=comm, layout=args.layout, parameters=params)
         write_csv(f"{args.output}.csv", rows, comm=comm)
+        if comm.Get_rank() == 0:
+            title = f"hpcpar bench {bench.name}, {comm.Get_size()} rank(s)"
+            bandwidth_plot(rows, f"{args.output}.png", title, bench.peer)
     if not all(m.valid for m in measurements):
         if comm.Get_rank() == 0:
             print(
@@ -75,6 +78,30 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
             )
         return 1
     return 0
+
+
+def bandwidth_plot(rows: list[dict[str, Any]], path: str, title: str, peer: str) -> None:
+    """Bus bandwidth against message size, a line per variant, the peer's in black."""
+    from ..runtime.plots import pyplot, save
+
+    swept = [r for r in rows if isinstance(r.get("size"), int) and r.get("busbw_gbs") is not None]
+    plt = pyplot()
+    if plt is None or len({r["size"] for r in swept}) < 2:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for variant in dict.fromkeys(r["variant"] for r in swept):  # in the order measured
+        points = sorted((r["size"], r["busbw_gbs"]) for r in swept if r["variant"] == variant)
+        mine = variant == peer
+        ax.plot(*zip(*points, strict=True), marker="o" if mine else ".", label=variant,
+                linewidth=2.5 if mine else 1, color="black" if mine else None)  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    save(fig, path)
 
 
 register(

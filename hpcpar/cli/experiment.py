@@ -45,6 +45,7 @@ from typing import Any
 from ..errors import UsageError
 from ..plugins import Command, register
 from ..runtime.env import usable_cores
+from ..runtime.plots import pyplot, save
 from .sweep_where import TABLE_KEYS, WHERE, check_where, run_points
 
 __all__ = ["load_config", "points", "run_sweep", "report"]
@@ -247,12 +248,8 @@ def report(folder: str | Path) -> list[Path]:
 
 def _plots(root: Path, rows: list[dict[str, Any]]) -> list[Path]:
     """Time vs size per variant, one PNG per (ranks, layout), where rows have them."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return []
     groups: dict[tuple[Any, Any], list[dict]] = {}
     for r in rows:
@@ -270,10 +267,8 @@ def _plots(root: Path, rows: list[dict[str, Any]]) -> list[Path]:
         ax.set_ylabel("microseconds")
         ax.set_title(f"{ranks} ranks, layout {layout}")
         ax.legend(fontsize=7)
-        fig.tight_layout()
         path = root / f"time-vs-size-{ranks}-{re.sub(r'[^A-Za-z0-9]+', '', str(layout))}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        save(fig, path)
         out.append(path)
     return out + _teps_plots(root, rows, plt) + _speedup_plot(root, rows, plt)
 
@@ -299,7 +294,7 @@ def _teps_plots(root: Path, rows: list[dict[str, Any]], plt: Any) -> list[Path]:
         ax.set_xticklabels([f"{n} ranks\n{lay}" for n, lay in groups], fontsize=7)
         ax.set_ylabel(f"{key.split('_')[0].upper()} harmonic-mean TEPS")
         ax.legend(fontsize=7)
-    return [_save(fig, plt, root / "teps-per-partition.png")]
+    return [save(fig, root / "teps-per-partition.png")]
 
 
 def _speedup_plot(root: Path, rows: list[dict[str, Any]], plt: Any) -> list[Path]:
@@ -318,14 +313,7 @@ def _speedup_plot(root: Path, rows: list[dict[str, Any]], plt: Any) -> list[Path
     ax.set_xlabel("ranks")
     ax.set_ylabel("speedup (job wall time)")
     ax.legend(fontsize=6)
-    return [_save(fig, plt, root / "speedup-vs-ranks.png")]
-
-
-def _save(fig: Any, plt: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return [save(fig, root / "speedup-vs-ranks.png")]
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..collectives.names import COLLECTIVES
 from ..plugins import Command, register
+from ..runtime.plots import MISSING, pyplot, save
 from .explain import add_machine_arguments, machine_profile
 
 __all__: list[str] = []
@@ -47,13 +48,10 @@ def _grid(rows: list[Any], node_counts: list[int], sizes: list[int], collective:
 
 
 def _plot(rows: list[Any], node_counts: list[int], sizes: list[int], path: str, title: str) -> str:
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed, so no PNG (pip install 'hpcpar[plot]')"
+    plt = pyplot()
+    if plt is None:
+        return MISSING
     import numpy as np
 
     from ..bench.harness import format_size
@@ -71,9 +69,7 @@ def _plot(rows: list[Any], node_counts: list[int], sizes: list[int], path: str, 
     ax.set_title(title, fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(i)) for i in range(len(names))]
     ax.legend(handles, names, bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path, dpi=120)
     return f"map written to {path}"
 
 

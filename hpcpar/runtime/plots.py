@@ -1,0 +1,37 @@
+"""Plots from results, as PNG files: matplotlib when it is installed, nothing otherwise.
+
+Plots are drawn from the figures a command has already written, never during the timed
+part; matplotlib is optional (``pip install 'hpcpar[plot]'``), so every plot is skipped
+quietly without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["pyplot", "save", "MISSING"]
+
+MISSING = "matplotlib is not installed, so no PNG (pip install 'hpcpar[plot]')"
+
+
+def pyplot() -> Any | None:
+    """``matplotlib.pyplot`` with a non-interactive backend, or None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def save(fig: Any, path: str | Path, dpi: int = 110) -> Path:
+    """Lay ``fig`` out, write it to ``path`` and release it; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return Path(path)
