@@ -176,6 +176,7 @@ def _plot(rows: list[dict[str, Any]], path: str, solver: Any) -> None:
     by_time.set_xlabel("seconds")
     for ax in (by_iteration, by_time):
         ax.grid(True, which="both", alpha=0.3)
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())  # decades only: no crowded labels
     fig.suptitle(f"{solver.algorithm} on {solver.tree.name}")
     save(fig, path)
 

@@ -23,7 +23,7 @@ def _step(comm: Any, h: Any, folder: Path, say: Any) -> Step:
     start = time.perf_counter()
     out = folder / "cfr.json"
     argv = ["cfr", "--game", "leduc_poker", "--algorithm", "dcfr", "--iterations", "2000",
-            "--eval-every", "100", "--target-exploitability", "0.002",
+            "--eval-every", "10", "--target-exploitability", "0.002",
             "--out", str(out)]  # fmt: skip
     layout = ["--layout", h.layout] if h.layout else []
     status = run_command(comm, argv + layout, folder / "cfr.log")

@@ -31,7 +31,7 @@ def _step(comm: Any, h: Any, folder: Path, say: Any) -> Step:
     figure = (f"SCALE 14, hier partition, 8 keys validated: {teps / 1e6:.1f} MTEPS "
               "(harmonic mean)") if ok else "failed"  # fmt: skip
     return Step("Graph500 BFS", ok, figure, time.perf_counter() - start,
-                ["graph.json", "graph.log"])  # fmt: skip
+                ["graph.json", "graph.png", "graph.log"])  # fmt: skip
 
 
 register(TourStep("Graph500 BFS", 40, _step))

@@ -71,7 +71,7 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     data = load_dataset(args.dataset, args.seed, shard=shard, comm=comm)
     model = make_model(args.model, data.n_features, data.n_classes, args.hidden, args.seed)
     h = Hierarchy(comm, layout=args.layout)
-    ck, step, epoch, start = _resume(args, h, model)
+    ck, step, epoch, start, rows = _resume(args, h, model)
     trainer = _trainer(args, model, data, h)
     trainer.step = step
     say(
@@ -82,40 +82,8 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     )
     if step:
         say(f"# resumed at step {step} (epoch {epoch}, batch {start})")
-    per_epoch = args.mode in ("async", "hogwild")  # these modes meet only at epoch ends
-    progress = _Progress(args, comm.Get_rank() == 0 and not per_epoch)
-
-    def save(e: int, index: int, last: bool) -> None:
-        state = {"params": model.params, "step": trainer.step,
-                 "epoch": e + 1 if last else e, "next": 0 if last else index + 1}  # fmt: skip
-        ck.save(trainer.step, state)
-
-    def due() -> bool:
-        return bool(ck and args.checkpoint_every and trainer.step % args.checkpoint_every == 0)
-
-    def after_step(e: int, index: int) -> None:
-        progress.show(e, index + 1, trainer.steps_per_epoch)
-        if due():
-            save(e, index, index + 1 == trainer.steps_per_epoch)
-
-    rows = []
     try:
-        for e in range(epoch, args.epochs):
-            if per_epoch:
-                stats = trainer.epoch(e)
-                trainer.step += 1
-                if due() and e + 1 < args.epochs:
-                    save(e, 0, True)
-            else:
-                stats = trainer.epoch(e, start, after_step)
-            start = 0
-            rows.append(_row(e, stats))
-            progress.clear()
-            say(
-                f"  epoch {e + 1:4d}  loss {stats.loss:.4f}  test accuracy "
-                f"{stats.test_accuracy:.4f}  {stats.samples_per_s:10.0f} samples/s",
-                flush=True,
-            )
+        _train(args, trainer, model, ck, rows, (epoch, start), comm.Get_rank() == 0)
     finally:
         if ck is not None:
             ck.close(sync=sys.exc_info()[0] is None)  # no barrier on an error path
@@ -124,6 +92,64 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     _write(comm, args, rows, model)
     h.free()
     return 0
+
+
+def _train(
+    args: argparse.Namespace,
+    trainer: Any,
+    model: Any,
+    ck: Any,
+    rows: list[dict[str, Any]],
+    begin: tuple[int, int],
+    rank0: bool,
+) -> None:
+    """The epochs from ``begin`` (epoch, batch), saving every ``--checkpoint-every``.
+
+    A save due at an epoch's last step waits until that epoch's row exists, so the
+    checkpoint carries every finished epoch's figures (``_history``).
+    """
+    epoch, start = begin
+    say = print if rank0 else (lambda *a, **k: None)
+    per_epoch = args.mode in ("async", "hogwild")  # these modes meet only at epoch ends
+    progress = _Progress(args, rank0 and not per_epoch)
+
+    def save(e: int, index: int, last: bool) -> None:
+        state = {"params": model.params, "step": trainer.step,
+                 "epoch": e + 1 if last else e, "next": 0 if last else index + 1,
+                 "history": _history(rows)}  # fmt: skip
+        ck.save(trainer.step, state)
+
+    def due() -> bool:
+        return bool(ck and args.checkpoint_every and trainer.step % args.checkpoint_every == 0)
+
+    epoch_end_due = [False]  # an epoch's last step was due: saved once its row exists
+
+    def after_step(e: int, index: int) -> None:
+        progress.show(e, index + 1, trainer.steps_per_epoch)
+        if due():
+            if index + 1 == trainer.steps_per_epoch:
+                epoch_end_due[0] = True
+            else:
+                save(e, index, False)
+
+    for e in range(epoch, args.epochs):
+        if per_epoch:
+            stats = trainer.epoch(e)
+            trainer.step += 1
+            epoch_end_due[0] = due() and e + 1 < args.epochs
+        else:
+            stats = trainer.epoch(e, start, after_step)
+        start = 0
+        rows.append(_row(e, stats))
+        if epoch_end_due[0]:
+            epoch_end_due[0] = False
+            save(e, 0, True)
+        progress.clear()
+        say(
+            f"  epoch {e + 1:4d}  loss {stats.loss:.4f}  test accuracy "
+            f"{stats.test_accuracy:.4f}  {stats.samples_per_s:10.0f} samples/s",
+            flush=True,
+        )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -135,21 +161,44 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("sgd: --checkpoint-every K needs K >= 0 and --checkpoint DIR")
 
 
-def _resume(args: argparse.Namespace, h: Any, model: Any) -> tuple[Any, int, int, int]:
-    """The checkpointer (or ``None``) and the step, epoch and batch to start from.
+def _resume(
+    args: argparse.Namespace, h: Any, model: Any
+) -> tuple[Any, int, int, int, list[dict[str, Any]]]:
+    """The checkpointer (or ``None``), the step, epoch and batch to start from, the epochs' rows.
 
-    The parameters are restored before the trainer exists (hogwild shares them).
+    The parameters are restored before the trainer exists (hogwild shares them); the
+    rows of the epochs finished before the checkpoint come back with them, so a resumed
+    run's results and plot cover the whole run.
     """
     if not args.checkpoint:
-        return None, 0, 0, 0
+        return None, 0, 0, 0, []
     from hpcpar.checkpoint import Checkpointer
 
     ck = Checkpointer(args.checkpoint, comm=h, levels=["memory", "local"])
     if not ck.versions():
-        return ck, 0, 0, 0
+        return ck, 0, 0, 0, []
     _, state = ck.restore()
     model.params[:] = state["params"]
-    return ck, int(state["step"]), int(state["epoch"]), int(state["next"])
+    history = state.get("history")
+    rows = [] if history is None else [_unrow(values) for values in history]
+    return ck, int(state["step"]), int(state["epoch"]), int(state["next"]), rows
+
+
+_HISTORY = ("epoch", "loss", "test_accuracy", "seconds", "samples_per_s", "comm_seconds")
+
+
+def _history(rows: list[dict[str, Any]]) -> Any:
+    """The finished epochs' figures as one float array (what a checkpoint holds)."""
+    import numpy as np
+
+    table = [[float(r[c]) for c in _HISTORY] for r in rows]
+    return np.array(table, dtype=np.float64).reshape(len(rows), len(_HISTORY))
+
+
+def _unrow(values: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {c: float(v) for c, v in zip(_HISTORY, values, strict=True)}
+    row["epoch"] = int(row["epoch"])
+    return row
 
 
 def _row(e: int, stats: Any) -> dict[str, Any]:

@@ -33,8 +33,8 @@ def killed_and_resumed(folder: Path) -> tuple[bool, str]:
     from hpcpar.launcher import detached_env
 
     base = [sys.executable, "-m", "hpcpar", "launch", "-n", "2", "--layout", "ppn:1",
-            "--launcher", "mpiexec", "--timeout", "180", "--", "sgd", "--dataset", "synthetic",
-            "--model", "mlp", "--hidden", "32", "--epochs", "2", "--batch", "256", "--lr",
+            "--launcher", "mpiexec", "--timeout", "180", "--", "sgd", "--dataset", "digits",
+            "--model", "mlp", "--hidden", "32", "--epochs", "8", "--batch", "64", "--lr",
             "0.1", "--mode", "sync"]  # fmt: skip
     ck = ["--checkpoint", str(folder / "sgd-checkpoint"), "--checkpoint-every", "20"]
 

@@ -92,6 +92,15 @@ def test_killed_training_resumes_to_the_same_model(tmp_path, mode, every, kill, 
     assert again.returncode == 0, again.stderr
     assert resumed in again.stdout
     assert np.array_equal(np.load(tmp_path / "plain.npy"), np.load(tmp_path / "resumed.npy"))
+    # the epochs finished before the kill come back from the checkpoint with the model
+    import json
+
+    epochs = json.loads((tmp_path / "resumed.json").read_text())["results"]["epochs"]
+    plain_epochs = json.loads((tmp_path / "plain.json").read_text())["results"]["epochs"]
+    assert [r["epoch"] for r in epochs] == [1, 2, 3, 4]
+    finished = int(resumed.split("(epoch ")[1].split(",")[0])
+    for got, want in zip(epochs[:finished], plain_epochs, strict=False):
+        assert got["loss"] == want["loss"] and got["test_accuracy"] == want["test_accuracy"]
 
 
 def test_local_sgd_learns_and_bad_mode_is_refused():
