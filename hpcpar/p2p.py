@@ -50,10 +50,10 @@ __all__ = [
 def _span(arr: np.ndarray, lo: int, hi: int, writable: bool) -> MPI.buffer:
     """The bytes ``lo`` to ``hi`` around a view's first element, as one buffer for MPI.
 
-    The first element's address comes from a one-element view of it (0.2 us; numpy's
-    ``__array_interface__`` takes 0.85, which made a 64 B view's round trip 4x the
-    library's). The view's own bounds contain the span, and the caller keeps the
-    view, which keeps its memory, alive while MPI uses the span.
+    The first element's address comes from a one-element view of it, several times
+    cheaper than numpy's ``__array_interface__``, which on a small view costs more than
+    the message. The view's own bounds contain the span, and the caller keeps the view,
+    which keeps its memory, alive while MPI uses the span.
     """
     first = _FIRST.get(arr.ndim)
     if first is None:
@@ -103,9 +103,9 @@ def _rebuilt_type(p: Plan) -> MPI.Datatype:
     """The plan's own MPI datatype (``to_mpi``), made once per layout.
 
     It has the user's datatype's type map, lower bound and extent, built the way the
-    MPI library walks fastest (``mpitype._words_vector``): 1 MiB of doubles at a stride of
-    two, round trip between two ranks 0.47 ms as hpcpar's type, 2.30 ms as the
-    caller's own vector.
+    MPI library walks fastest (``mpitype._words_vector``), which for long vectors of
+    small blocks is several times faster than the caller's own vector (``hpcpar bench
+    datatypes``, its send cases).
     """
     known = p._memo.get("mpi type, rebuilt")
     if known is None:
@@ -199,7 +199,7 @@ class _Incoming:
             self.plan = known if known is not None else shared_plan(arr)
             self.typed = np.empty(arr.shape, arr.dtype)
             # its bytes, as MPI.BYTE (mpi4py maps no record or void type to an MPI one),
-            # in its own shape (a flat view costs 0.15 us more)
+            # in its own shape (a flat view costs more)
             self.buffer = self.typed.view(_BYTE)
 
     def finish(self, status: MPI.Status) -> Any:
@@ -245,7 +245,7 @@ def _refuse_truncated(exc: Any, expected: int) -> None:
 
 
 def _receive(comm: Any, buf: Any, source: int, tag: int, status: MPI.Status, expected: int) -> None:
-    """``comm.Recv`` into ``buf`` (``_Truncation`` without a context manager: 0.25 us less)."""
+    """``comm.Recv`` into ``buf`` (``_Truncation`` without a context manager: cheaper)."""
     try:
         resolve_comm(comm).Recv(buf, source, tag, status)
     except MPI.Exception as exc:

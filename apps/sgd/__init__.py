@@ -5,7 +5,7 @@
 ``SyncTrainer`` trains with bucketed gradient ``hpcpar.iallreduce`` overlapped with the
 backward pass (``mode="local"``: local SGD); ``async_ps.AsyncTrainer`` is asynchronous
 SGD with a parameter server; ``hogwild.HogwildTrainer`` shares one model per node in an
-MPI shared-memory window. ``hpcpar bench sgd`` is the rest of the issue.
+MPI shared-memory window. ``hpcpar bench sgd`` compares the modes with PyTorch DDP.
 """
 
 from __future__ import annotations

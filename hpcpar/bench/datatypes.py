@@ -117,7 +117,7 @@ def _variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> list[V
         def npy(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
             return into_out(lambda: np.copyto(typed, view))
 
-        # into new buffers, as the peer ``np.ascontiguousarray`` does (which
+        # into new buffers, as the peer ``np.ascontiguousarray`` does (which
         # returns a contiguous view itself, no copy: then ``view.copy()``)
         def new(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
             return (lambda: view_plan.pack(view)), (

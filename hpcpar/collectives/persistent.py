@@ -4,9 +4,9 @@ For loops that reduce the same buffers again and again (an iterative solver's do
 products). Where ``auto`` picks the MPI library's call, each call is the library's
 persistent ``MPI_Allreduce_init`` request started and waited, or its blocking call,
 whichever measured faster when the call was made (MPI libraries may run persistent
-collectives with other algorithms than the blocking ones: MPICH 5 on the virtual cluster
-took 0.5x the blocking call's time at 16 B and 1.45x at 256 KiB); no selection runs per
-call. Any other algorithm runs as ``iallreduce`` of the bound buffers.
+collectives with other algorithms than the blocking ones, faster at some sizes and
+slower at others; ``hpcpar bench collectives`` has both as variants); no selection runs
+per call. Any other algorithm runs as ``iallreduce`` of the bound buffers.
 """
 
 from __future__ import annotations

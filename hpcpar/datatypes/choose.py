@@ -3,16 +3,13 @@
 A small table measured by ``hpcpar calibrate`` (block size x message size x stride ->
 seconds for each method, between two ranks) decides; the nearest measured class in log
 scale is used. Without a table: messages up to ``SMALL_MESSAGE_BYTES`` go as the datatype,
-since packing in Python costs more than such a message (64 B - 1 KiB: 8-9 us a round
-trip against 26-28 packed; BENCHMARKS.md, datatypes, session 11). Larger irregular
-layouts (many small blocks, ``Plan._block_list``) are packed, with a table too (it is
-measured on regular vectors): MPI walking their blocks took 30x as long (131,072
-blocks of 8 B at random places: 33 ms a round trip against 1.1 ms packed). Larger
-regular ones go as the datatype (two ranks on two cores, 96^3 block: z face 159 against
-239 us packed, interior 1.73 against 3.04 ms, 16 MB vectors 1.4-1.9x; session 13),
-unless the node runs more ranks than it has cores: then MPI's pipelined datatype sends
-wait for the other rank's turn and packing is faster (four ranks on two cores: interior
-5.04 against 3.25 ms, halo exchange 510 against 362 us).
+since packing in Python costs more than such a message. Larger irregular layouts (many
+small blocks, ``Plan._block_list``) are packed, with a table too (it is measured on
+regular vectors): MPI walking many scattered blocks takes many times as long as
+packing them. Larger regular ones go as the datatype, unless the node runs more ranks
+than it has cores: then MPI's pipelined datatype sends wait for the other rank's turn
+and packing is faster. ``hpcpar bench datatypes`` (its send and halo cases) measures
+both methods against each other.
 
 GPU arrays travel through host memory, by one of two methods (``device_send_method``):
 ``staged``, one ``cudaMemcpy2D`` between the view and host memory where the layout is

@@ -153,10 +153,10 @@ def run_copies(ops: list[tuple[Any, np.ndarray, np.ndarray]]) -> None:
 def replay(ops: list[tuple[Any, np.ndarray, np.ndarray]]) -> Any:
     """A function of no arguments that runs ``ops`` again, with as little Python as possible.
 
-    One contiguous copy becomes a memoryview slice assignment (a memmove), about half a
-    microsecond cheaper than ``np.copyto``: on a 128 KiB face that is a sixth of the time.
-    Other numpy copies become the destination's item assignment, the same copy without
-    ``np.copyto``'s argument parsing (64 B: 0.08 us against 0.17).
+    One contiguous copy becomes a memoryview slice assignment (a memmove), cheaper than
+    ``np.copyto`` by its argument parsing, which on small faces is a sizeable share of
+    the time. Other numpy copies become the destination's item assignment, the same
+    copy without that parsing.
     """
     if len(ops) != 1:
         return functools.partial(run_copies, ops)
@@ -179,8 +179,8 @@ def replay(ops: list[tuple[Any, np.ndarray, np.ndarray]]) -> Any:
 def assignment(again: Any) -> tuple[Any, Any]:
     """``(dst, src)`` where ``replay`` made ``again`` as ``dst[...] = src``, else Nones.
 
-    A caller that writes ``dst[...] = src`` itself saves the call through the partial
-    (81 against 104 ns on 64 B).
+    A caller that writes ``dst[...] = src`` itself saves the call through the partial,
+    which on small copies is a measurable share.
     """
     args = getattr(again, "args", ())
     if len(args) == 2 and args[0] is Ellipsis:
@@ -194,11 +194,11 @@ def copy_op(
     """How to copy ``src`` into ``dst`` (same shape): ``(copy, dst', src')``.
 
     ``once``: the copy runs once (a new buffer), so choosing it must cost little: rows
-    move as void elements (``_as_rows``) only where that saves more than the 0.8 us it
-    takes to build those views.
+    move as void elements (``_as_rows``) only where that saves more than building
+    those views costs.
 
-    Four copies, chosen by what was measured on this project's 2-core VM (32 MiB L3;
-    GB/s of standalone loops, sessions 8 and 12 of BENCHMARKS.md):
+    Four copies, chosen by measurement (``hpcpar bench datatypes`` runs every case
+    against MPICH's Pack and numpy's copy):
 
     - numpy's copy (memcpy per row): below ``COMPILED_BYTES`` (there with each
       contiguous row as one void element, ``_as_rows``), and for rows of
@@ -206,25 +206,21 @@ def copy_op(
     - a compiled look-ahead loop (``loops.ahead``) for ``AHEAD_WORDS`` or more single
       words a cache line or more apart on one side (z faces), below the streaming size;
     - a compiled loop with ordinary stores (``loops.py``) for shorter rows from
-      ``COMPILED_BYTES``: numpy's per-row cost dominates there (64 B rows: 15 against
-      9.5);
+      ``COMPILED_BYTES``: numpy's per-row cost dominates there;
     - a compiled loop with streaming (non-temporal) stores from ``STREAMING_BYTES``,
       an eighth of this rank's share of the last-level cache (4 MiB alone, 1 MiB for
       each of four ranks): it neither reads the destination line first nor evicts
-      the source. 16 MB interior of a 3-D block, two threads: 23 against 17.6 with
-      ordinary stores and 9.2 for numpy; where the copy would have stayed in the
-      cache it costs 6-20%, where it would not, ordinary stores cost up to 2x: hence
-      the low threshold, shared between the ranks of a node. Not into runs shorter
-      than ``STREAM_RUN_BYTES`` (partial cache lines: unpacking into 8 B blocks, 5.1
-      against 11.3), and not for rows of ``SHORT_ROW_BYTES`` to ``LONG_ROW_BYTES``
-      that fill under 3/4 of their stride in the source, where reading dominates and
-      numpy's memcpy reads faster (vectors of 512 B - 16 KiB blocks: 3.3-9.0 against
-      2.6-6.6 on one thread); dense rows (the interior) and rows of 64 KiB and more
-      stream (10-16 against 8-10 for numpy).
+      the source. Where the copy would have stayed in the cache it costs a little,
+      where it would not, ordinary stores cost up to twice as much: hence the low
+      threshold, shared between the ranks of a node. Not into runs shorter than
+      ``STREAM_RUN_BYTES`` (partial cache lines), and not for rows of
+      ``SHORT_ROW_BYTES`` to ``LONG_ROW_BYTES`` that fill under 3/4 of their stride in
+      the source, where reading dominates and numpy's memcpy reads faster; dense rows
+      (the interior) and rows of 64 KiB and more stream.
 
     From ``PARALLEL_BYTES`` the copy is split over this rank's share of the cores,
-    the calling thread taking one part (below it handing work to a thread costs more
-    than it saves: 1.9 MB, 14 on two threads against 26 on one). Elements of 1, 2, 4
+    the calling thread taking one part (below it, handing work to a thread costs more
+    than it saves). Elements of 1, 2, 4
     or 8 bytes in 1 to 4 dimensions can take a loop; others, and copies where both
     sides are one contiguous block (memcpy), go to numpy.
     """
@@ -306,11 +302,10 @@ def _as_rows(dst: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Contiguous rows of both sides as single elements of one opaque (void) type.
 
     numpy then moves each row with one fixed-size copy instead of running its inner
-    loop over the row's elements: 64 B rows in the cache 1.5-1.8x faster, 16 B rows
-    4-8x, 1 KiB rows 1.1x (rows of a 128^3 block's y face: 2.85 us against 3.09), and
-    from 4 KiB the same (session 12 of BENCHMARKS.md). Only below ``COMPILED_BYTES``:
-    numpy holds the GIL while it copies void elements, so split across threads they
-    run one at a time (16 MB of 64 KiB rows on two threads: 1,365 us against 717).
+    loop over the row's elements: much faster for short rows in the cache, a little for
+    rows of 1 KiB, the same from 4 KiB. Only below ``COMPILED_BYTES``: numpy holds the
+    GIL while it copies void elements, so split across threads they would run one at a
+    time.
     """
     item = dst.dtype.itemsize
     if (
@@ -328,7 +323,7 @@ def _as_rows(dst: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @functools.lru_cache(maxsize=64)
 def _void(nbytes: int) -> np.dtype:
-    """The opaque type of ``nbytes`` bytes (building one costs 1 us)."""
+    """The opaque type of ``nbytes`` bytes (cached: building one costs more than a copy)."""
     return np.dtype((np.void, nbytes))
 
 
@@ -385,13 +380,10 @@ def _streaming_from() -> int:
 _loops: dict[tuple[Any, ...], Any] = {}
 # Single words a cache line or more apart, this many and more, take the look-ahead loop
 # (``loops.ahead``); fewer lines than this mostly stay in the L2 cache, where it gains
-# nothing (z face of a 64^3 block, 4,096 lines: pack 11.7 us against 12.1-12.8 with
-# numpy, unpack 16.8 against 15.8; of a 96^3 block, 9,216: 33.5 against 44.2, 39.4
-# against 45.7)
+# nothing (the z faces of 64^3 and 96^3 blocks in ``hpcpar bench datatypes --n``)
 AHEAD_WORDS = 8192
 # A copy made once moves rows shorter than SHORT_ROW_BYTES as void elements from this
-# size (64 B rows: 32 KiB 2.28 us against 1.50, so building the views pays; 1 KiB rows
-# of a 96^3 block's y face save 0.2 us of 2.2 and the views cost 0.8)
+# size: below it building the views costs more than they save
 ONCE_ROWS_BYTES = 32 << 10
 _LINE = 64
 

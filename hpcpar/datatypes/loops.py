@@ -7,18 +7,16 @@ The streaming loops write every word with a non-temporal store (LLVM's ``!nontem
 hint: ``movnti`` on x86-64, ``stnp`` on AArch64) and end with a fence, so the stores
 are visible to any thread that synchronises with this one afterwards. A streaming
 store does not read the destination line first and does not evict the source from
-the cache: on copies larger than the cache this moves a third less memory traffic
-(interior of a 128^3 float64 block, 16 MB: 21-23 GB/s over two threads against
-15-18 with ordinary stores). On copies that fit in the cache it is slower, since
-the next reader has to fetch the data from memory; ``kernels.copy_op`` decides.
+the cache: on copies larger than the cache this moves a third less memory traffic.
+On copies that fit in the cache it is slower, since the next reader has to fetch the
+data from memory; ``kernels.copy_op`` decides.
 
 The look-ahead loops copy single words that each lie in a cache line of their own (the
 z face of a 3-D block): each step also loads the word ``AHEAD`` steps later on the
 sparse side, so more of those lines are on their way at once than the core's own
-reordering reaches (z face of a 128^3 block, 16,384 lines: 104-106 us against 116-120
-for numpy's copy and 113-115 for MPICH's Pack; of a 96^3 block 28-35 against 34-45).
-A 1-D scatter runs as rows of ``ROW_WORDS`` (``_scatter1``): unpacking that 128^3 z
-face 91 us against 110 as one loop and 124-126 for MPICH's Unpack.
+reordering reaches. A 1-D scatter runs as rows of ``ROW_WORDS`` (``_scatter1``), which
+the compiler turns into a faster loop than one long one. ``hpcpar bench datatypes``
+(the z face cases) measures both against numpy's copy and MPICH's Pack and Unpack.
 """
 
 from __future__ import annotations
@@ -132,13 +130,12 @@ def _stream4(dst: Any, src: Any) -> None:
     _fence()
 
 
-AHEAD = 32  # words looked ahead when packing (8 and 16 gain less on a 96^3 z face, 64 loses)
-# ... and when unpacking (128^3 z face: 110-111 us 16 ahead, 116-117 at 32, 130 numpy's)
-AHEAD_SCATTER = 16
+AHEAD = 32  # words looked ahead when packing (8 and 16 gain less on z faces, 64 loses)
+AHEAD_SCATTER = 16  # ... and when unpacking (32 gains less there)
 
 
 # The distance is an argument, not the constant: compiled with it known, the 1-D loop
-# ran 10% slower (z face of a 128^3 block: 113.9 us against 104.2).
+# ran slower.
 
 
 @_JIT
@@ -249,7 +246,7 @@ def _even(gather: bool, at: Any, n: int, count: int, step: int, dst: Any, src: A
     k = 0
     for e in range(count):
         base = e * step
-        if n == 1:  # single words: no inner loop (4,096 scattered 8 B: 1.8 against 6.9 us)
+        if n == 1:  # single words: no inner loop (several times faster on scattered words)
             if gather:
                 for b in range(at.shape[0]):
                     dst[k + b] = src[base + at[b]]
@@ -276,6 +273,6 @@ def blocks(gather: bool, even: bool) -> Any:
     the packed side is the blocks in order. ``even``: ``length`` is one number, every
     block's length in words, else ``length[b]`` is block ``b``'s. Gather packs (``src``
     the user's), scatter unpacks; the branch on it stays outside the loops' hot paths
-    (as fast as a loop of each kind: 1.76 against 1.80 us, 24.6 against 23.6).
+    (as fast as a loop of each kind).
     """
     return functools.partial(_even if even else _mixed, gather)

@@ -14,9 +14,7 @@ __all__ = ["SPLIT_BELOW", "SPLIT_BLOCKS", "mpi_items"]
 
 
 # blocks become vectors of the widest word that divides them, not runs of BYTEs, so
-# the MPI library can copy them a word at a time (MPICH 5, the 72 KiB z face of a 96^3
-# block sent zero-copy between two ranks: round trip 394 us as BYTE blocks, 372-392
-# as words; its own subarray type of the same face takes 172-176)
+# the MPI library can copy them a word at a time
 _MPI_WORDS = ((8, MPI.UINT64_T), (4, MPI.UINT32_T), (2, MPI.UINT16_T), (1, MPI.BYTE))
 
 
@@ -27,12 +25,11 @@ SPLIT_BELOW = 1024  # ... when the blocks are smaller than this (bytes)
 def _words_vector(named: MPI.Datatype, count: int, words: int, stride: int) -> MPI.Datatype:
     """``count`` blocks of ``words`` words ``stride`` words apart, as MPI walks it fastest.
 
-    MPICH 5's datatype engine moves a long vector of small blocks two to five times
-    faster when it is a vector of 16 blocks repeated (the z face of a 96^3 block, 8 B
-    blocks, sent between two ranks: round trip 330 us as one vector of 9,216 blocks,
-    151 as 576 x 16; 1 MiB of 8 B blocks at a 16 B stride: 2.31 ms, 0.44; 64 blocks a
-    group 0.48, 256 0.83, 1,024 2.33): the shape TEMPI found, that how a datatype is
-    built matters as much as what it describes. Blocks of 1 KiB and more stay one vector.
+    MPICH's datatype engine moves a long vector of small blocks several times faster
+    when it is a vector of 16 blocks repeated than as one long vector (larger groups
+    lose it again): the shape TEMPI found, that how a datatype is built matters as much
+    as what it describes. Blocks of 1 KiB and more stay one vector. ``hpcpar bench
+    datatypes`` (its send cases) measures it.
     """
     size = named.Get_size()
     if count <= SPLIT_BLOCKS or words * size >= SPLIT_BELOW:

