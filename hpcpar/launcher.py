@@ -11,14 +11,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import LaunchError
-from .layout import node_assignment
+from .layout import format_ranks, node_assignment
 from .runtime.env import usable_cores
+from .runtime.exits import EARLY_EXIT, unfinished
+from .runtime.exits import ENV as EXIT_ENV
 from .runtime.mpiinfo import MPIInstallation, find_mpi
 
 __all__ = [
@@ -234,8 +237,25 @@ def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
 
     The job runs in its own process group; when ``timeout`` seconds pass, or the
     launcher gets SIGINT/SIGTERM, the whole group is killed. A time-out returns 124.
+    A job that ends with status 0 while some rank left without finishing (``os._exit``,
+    a signal) is reported, naming the ranks, and returns ``EARLY_EXIT``
+    (``runtime.exits``).
     """
-    env = {**os.environ, **plan.env}
+    with tempfile.TemporaryDirectory(prefix="hpcpar-exits-") as exits:
+        status = _run(plan, timeout, {**os.environ, **plan.env, EXIT_ENV: exits})
+        gone = unfinished(Path(exits))
+    if status == 0 and gone:
+        ranks = format_ranks(gone)
+        sys.stderr.write(
+            f"hpcpar launch: rank(s) {ranks} left the job without finishing (os._exit, a "
+            f"signal or a crash) while it ran; the other ranks may not have finished their "
+            f"work. Exit status {EARLY_EXIT}\n"
+        )
+        return EARLY_EXIT
+    return status
+
+
+def _run(plan: LaunchPlan, timeout: float | None, env: dict[str, str]) -> int:
     shm_before = _shm_segments()
     proc = subprocess.Popen(plan.argv, env=env, start_new_session=True)
     stopped: list[int] = []

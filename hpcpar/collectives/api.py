@@ -77,15 +77,28 @@ def _begin(
     itemsize: int = 1,
     **check: Any,
 ) -> tuple[Any, Any]:
-    """Check arguments across ranks (HPCPAR_CHECK), choose the algorithm, open the call."""
+    """Choose the algorithm, check arguments across ranks (HPCPAR_CHECK), open the call.
+
+    The check compares the algorithm that will run, not the one asked for: ``auto`` may
+    resolve differently on ranks that see different ``HPCPAR_ALGORITHM_*``, profiles or
+    rules, and a choice that failed on one rank is reported on every rank.
+    """
     if ADOPTED:  # dropped nonblocking calls still in flight: give them a chance
         progress_adopted()
     state = state_for(comm)
+    try:
+        chosen, reason = choose(collective, algorithm, op, state, nbytes, itemsize)
+        problem = ""
+    except CollectiveError as exc:
+        if not checking():
+            raise
+        chosen, reason, problem = None, "", str(exc)
     if checking():
-        check_same(
-            state.private, collective, algorithm=algorithm, op=op.name if op else None, **check
-        )
-    chosen, reason = choose(collective, algorithm, op, state, nbytes, itemsize)
+        runs = chosen.name if chosen is not None else f"none ({problem})"
+        check_same(state.private, collective, algorithm=runs, op=op.name if op else None,
+                   **check)  # fmt: skip
+        if chosen is None:
+            raise CollectiveError(problem)
     call = open_call(state, collective, chosen.name, nbytes, blocking)
     call.stats.steps.append(reason)
     return chosen, call

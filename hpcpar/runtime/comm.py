@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 from ..errors import CommunicatorError
 from .abort import install_excepthook
+from .exits import mark_started
 
 __all__ = ["default_comm", "idle_barrier", "resolve_comm", "world_rank_size"]
 
@@ -32,6 +33,7 @@ def default_comm() -> MPI.Intracomm:
             install_excepthook()
             comm = MPI.COMM_WORLD.Dup()
             comm.Set_name("hpcpar")
+            mark_started(MPI.COMM_WORLD.Get_rank())
             _default = comm
         return _default
 

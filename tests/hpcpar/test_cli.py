@@ -154,3 +154,20 @@ def test_launch_dry_run_shows_the_plan():
 def test_no_command_is_a_usage_error(capsys):
     assert main([]) == 2
     assert "no command given" in capsys.readouterr().err
+
+
+def test_a_rank_that_leaves_early_fails_the_job(tmp_path):
+    script = tmp_path / "leave.py"
+    script.write_text(
+        "import os, numpy as np, hpcpar\n"
+        "comm = hpcpar.default_comm()\n"
+        "if comm.Get_rank() == 1:\n"
+        "    os._exit(0)\n"
+        "hpcpar.allreduce(np.ones(4))\n"
+    )
+    proc = launch(2, sys.executable, str(script))
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    line = next(x for x in proc.stderr.splitlines() if "left the job without finishing" in x)
+    assert "rank(s) " in line and "1" in line.split("rank(s) ")[1].split(" ")[0]
+    fine = launch(2, sys.executable, "-c", "import hpcpar; hpcpar.default_comm().Barrier()")
+    assert fine.returncode == 0, fine.stderr

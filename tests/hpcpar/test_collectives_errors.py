@@ -90,3 +90,22 @@ def test_check_mode_names_the_ranks_that_differ(comm, monkeypatch):
         hpcpar.allreduce(np.ones(2), MPI.SUM if rank else MPI.MAX)
     # and a correct call still works with checking on
     assert_all(hpcpar.allreduce(np.ones(2))[0] == comm.Get_size(), "checked call", comm)
+
+
+def test_check_mode_compares_the_algorithm_that_runs(comm, monkeypatch):
+    """A per-rank HPCPAR_ALGORITHM_ALLREDUCE makes ``auto`` differ: named, not a hang."""
+    if comm.Get_size() < 2:
+        pytest.skip("needs two ranks to disagree")
+    monkeypatch.setenv("HPCPAR_CHECK", "1")
+    rank = comm.Get_rank()
+    monkeypatch.setenv("HPCPAR_ALGORITHM_ALLREDUCE", "ring" if rank == 0 else "recursive_doubling")
+    with pytest.raises(
+        CollectiveMismatchError, match=r"different algorithm: 'ring' on rank\(s\) 0"
+    ):
+        hpcpar.allreduce(np.ones(8))
+    # a choice that fails on one rank only is reported everywhere instead of hanging
+    monkeypatch.setenv("HPCPAR_ALGORITHM_ALLREDUCE", "ring" if rank else "no_such_algorithm")
+    with pytest.raises(CollectiveMismatchError, match="unknown algorithm 'no_such_algorithm'"):
+        hpcpar.allreduce(np.ones(8))
+    monkeypatch.delenv("HPCPAR_ALGORITHM_ALLREDUCE")
+    assert_all(hpcpar.allreduce(np.ones(2))[0] == comm.Get_size(), "checked call", comm)
