@@ -14,7 +14,9 @@ from .naming import parse_marker, parse_version
 from .shard import decode_shard, read_bytes
 from .state import CheckpointError
 
-__all__ = ["scan", "verify", "describe_state"]
+__all__ = ["scan", "verify", "describe_state", "MAX_RANKS"]
+
+MAX_RANKS = 1 << 24  # a rank count beyond any machine: a damaged or crafted description
 _FILE = re.compile(r"^(rank|copy-rank)(\d+)\.(shard|parity|h5)$")
 
 
@@ -26,7 +28,16 @@ def _job(root: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{root} is not an hpcpar checkpoint (no readable {job.name})"
         ) from None
-    if doc.get("format") != "hpcpar-checkpoint" or not isinstance(doc.get("ranks"), int):
+    except RecursionError:
+        raise CheckpointError(f"{job} is not an hpcpar checkpoint description") from None
+    ranks = doc.get("ranks") if isinstance(doc, dict) else None
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != "hpcpar-checkpoint"
+        or isinstance(ranks, bool)
+        or not isinstance(ranks, int)
+        or not 1 <= ranks <= MAX_RANKS
+    ):
         raise CheckpointError(f"{job} is not an hpcpar checkpoint description")
     return doc
 

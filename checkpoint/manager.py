@@ -225,7 +225,7 @@ class Checkpointer:
                 self._lock = DirectoryLock(self.root)
                 job = self.root / _JOB_FILE
                 doc = json.loads(job.read_text()) if job.exists() else None
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, RecursionError) as exc:
                 raise CheckpointError(
                     f"cannot use checkpoint directory {self.root}: {exc}"
                 ) from None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import struct
 import threading
@@ -181,10 +182,47 @@ def encode_shard(step: int, rank: int, flat: dict[str, Any]) -> EncodedShard:
     return EncodedShard(step, rank, entries, body)
 
 
+_SCALARS = (type(None), bool, int, float, str)
+_MAX_DIMS = 64
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_entry(name: Any, entry: Any, where: str) -> None:
+    """Refuse a manifest entry of the wrong shape (a crafted or damaged file), naming it.
+
+    Raises:
+        CheckpointError: what is wrong with the entry.
+    """
+    if not isinstance(name, str) or not isinstance(entry, dict):
+        raise CheckpointError(f"{where}: manifest entry {name!r} is not a table")
+    if "value" in entry:
+        value = entry["value"]
+        flat_list = isinstance(value, list) and all(isinstance(v, _SCALARS) for v in value)
+        if not (isinstance(value, _SCALARS) or flat_list):
+            raise CheckpointError(f"{where}: {name!r} holds a value of an unknown kind")
+        return
+    shape = entry.get("shape")
+    if not (
+        _count(entry.get("offset"))
+        and _count(entry.get("nbytes"))
+        and isinstance(shape, list)
+        and len(shape) <= _MAX_DIMS
+        and all(_count(n) for n in shape)
+    ):
+        raise CheckpointError(f"{where}: {name!r} has a bad offset, size or shape")
+    if not isinstance(entry.get("dtype"), (str, list)):
+        raise CheckpointError(f"{where}: {name!r} has an unknown dtype")
+    if not any(isinstance(entry.get(k), str) for k in ("crc32c", "crc32")):
+        raise CheckpointError(f"{where}: {name!r} has no checksum")
+
+
 def _dtype(spec: Any, name: str, where: str) -> np.dtype:
     try:
         dtype = np.dtype(spec if isinstance(spec, str) else [tuple(f) for f in spec])
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         raise CheckpointError(f"{where}: {name!r} has an unknown dtype") from None
     if dtype.hasobject:
         raise CheckpointError(f"{where}: {name!r} asks for Python objects (refused)")
@@ -210,21 +248,30 @@ def decode_shard(
         raise CheckpointError(f"{where}: manifest checksum does not match")
     try:
         doc = json.loads(manifest)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise CheckpointError(f"{where}: manifest unreadable") from None
-    if doc.get("format") != "hpcpar-shard" or doc.get("step") != step or doc.get("rank") != rank:
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != "hpcpar-shard"
+        or doc.get("step") != step
+        or doc.get("rank") != rank
+    ):
         raise CheckpointError(f"{where}: manifest is for another version or rank")
+    entries = doc.get("entries", {})
+    if not isinstance(entries, dict):
+        raise CheckpointError(f"{where}: manifest entries are not a table")
     flat: dict[str, Any] = {}
     payload = end - length
-    for name, entry in doc.get("entries", {}).items():
+    for name, entry in entries.items():
+        _check_entry(name, entry, where)
         if "value" in entry:
             flat[name] = entry["value"]
             continue
-        dtype = _dtype(entry.get("dtype"), name, where)
-        offset, nbytes, shape = entry.get("offset", -1), entry.get("nbytes", -1), entry["shape"]
-        if not (offset >= 0 and nbytes >= 0 and offset + nbytes <= payload):
+        dtype = _dtype(entry["dtype"], name, where)
+        offset, nbytes, shape = entry["offset"], entry["nbytes"], entry["shape"]
+        if offset + nbytes > payload:
             raise CheckpointError(f"{where}: {name!r} lies outside the file")
-        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != nbytes:
+        if math.prod(shape) * dtype.itemsize != nbytes:
             raise CheckpointError(f"{where}: {name!r} has the wrong size for its shape")
         raw = data[offset : offset + nbytes]
         if verify and not checksum.matches(entry, raw, where):

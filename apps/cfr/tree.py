@@ -253,7 +253,7 @@ def load_tree(path: Any) -> Tree:
         else:
             with np.load(path, allow_pickle=False) as f:
                 raw = {k: f[k] for k in f.files}
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise CfrError(f"{path}: not a readable tree file ({exc.__class__.__name__})") from None
     try:
         players = [

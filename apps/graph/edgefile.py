@@ -90,7 +90,10 @@ def _read_npy(path: Path, rank: int, size: int) -> tuple:
         data = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as exc:
         raise GraphError(f"{path}: not a readable .npy array ({exc})") from None
-    m = data.shape[0] if data.ndim else 0
+    if data.ndim != 2:
+        raise GraphError(f"{path}: expected an (m, 2) or (m, 3) array of edges, "
+                         f"not shape {data.shape}")  # fmt: skip
+    m = data.shape[0]
     lo, hi = m * rank // size, m * (rank + 1) // size
     src, dst, weight = _columns(path, data[lo:hi], "row")
     return src, dst, weight, None

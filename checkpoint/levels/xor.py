@@ -221,8 +221,8 @@ class XorLevel(Level):
                 meta = decode_shard(read_bytes(self.parity_path(step)), step, rank, where="parity")
             except CheckpointError:
                 meta = None
-        if meta is not None and meta.get("members") != self.members:
-            meta = None  # written with another xor_group: the sets differ
+        if meta is not None and not self._whole(meta):
+            meta = None  # damaged, or written with another xor_group: the sets differ
         ok = comm.allgather(self.index == q or meta is not None)
         if not all(ok):
             return None, (
@@ -241,6 +241,22 @@ class XorLevel(Level):
             return decode_shard(out[: lengths[q]], step, rank, where="XOR rebuild"), ""
         except CheckpointError as exc:
             return None, f"{reason}; and the XOR rebuild failed its checks: {exc}"
+
+    def _whole(self, meta: dict[str, Any]) -> bool:
+        """Whether a parity file's description fits this set (not crafted or damaged)."""
+        lengths, chunk, parity = meta.get("lengths"), meta.get("chunk"), meta.get("parity")
+        return (
+            meta.get("members") == self.members
+            and isinstance(chunk, int)
+            and chunk > 0
+            and isinstance(lengths, list)
+            and len(lengths) == len(self.members)
+            and all(isinstance(n, int) and 0 <= n <= chunk * (len(self.members) - 1)
+                    for n in lengths)
+            and isinstance(parity, np.ndarray)
+            and parity.dtype == np.uint8
+            and parity.size == chunk
+        )  # fmt: skip
 
     def _rebuild(
         self, q: int, c: int, raw: np.ndarray | None, meta: dict[str, Any] | None

@@ -151,5 +151,5 @@ def test_shards_checksummed_with_crc32c_or_zlib_crc32_both_read():
         data[5] ^= 1  # a flipped bit in the array
         with pytest.raises(CheckpointError, match="checksum of 'x' does not match"):
             decode_shard(data, 1, 0)
-    with pytest.raises(CheckpointError, match="checksum of 'x' does not match"):
+    with pytest.raises(CheckpointError, match="'x' has no checksum"):
         decode_shard(_shard_bytes(x, {}), 1, 0)  # no checksum at all: refused
