@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from hpcpar.bench.harness import Row
+from hpcpar.cli.common import real
 from hpcpar.plugins import Benchmark, register
 
 __all__: list[str] = []
@@ -36,7 +37,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--games", default=",".join(GAMES), help=f"comma-separated, from {', '.join(GAMES)}"
     )
     parser.add_argument(
-        "--budget", type=float, default=2.0, metavar="S", help="seconds per curve (default 2)"
+        "--budget",
+        type=real(0, above=True),
+        default=2.0,
+        metavar="S",
+        help="seconds per curve (default 2)",
     )
     parser.add_argument("--no-python-dcfr", action="store_true", help="skip OpenSpiel's DCFR")
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpcpar.cli.common import add_layout_argument
+from hpcpar.cli.common import add_layout_argument, integer, real
 from hpcpar.plugins import Command, register
 from hpcpar.runtime.plots import pyplot, save
 
@@ -34,19 +34,25 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--simultaneous", action="store_true", help="simultaneous updates (cfr only)"
     )
-    parser.add_argument("--alpha", type=float, default=1.5, help="DCFR alpha (default 1.5)")
-    parser.add_argument("--beta", type=float, default=0.0, help="DCFR beta (default 0)")
-    parser.add_argument("--gamma", type=float, default=2.0, help="DCFR gamma (default 2)")
-    parser.add_argument("--iterations", type=int, default=1000, help="at most (default 1000)")
+    parser.add_argument("--alpha", type=real(), default=1.5, help="DCFR alpha (default 1.5)")
+    parser.add_argument("--beta", type=real(), default=0.0, help="DCFR beta (default 0)")
+    parser.add_argument("--gamma", type=real(), default=2.0, help="DCFR gamma (default 2)")
     parser.add_argument(
-        "--target-exploitability", type=float, metavar="E", help="stop once below E"
+        "--iterations", type=integer(1), default=1000, help="at most (default 1000)"
     )
     parser.add_argument(
-        "--eval-every", type=int, default=10, metavar="K", help="exploitability every K (10)"
+        "--target-exploitability", type=real(0, above=True), metavar="E", help="stop once below E"
+    )
+    parser.add_argument(
+        "--eval-every", type=integer(1), default=10, metavar="K", help="exploitability every K (10)"
     )
     parser.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (resumes)")
     parser.add_argument(
-        "--checkpoint-every", type=int, default=0, metavar="K", help="save every K iterations"
+        "--checkpoint-every",
+        type=integer(0),
+        default=0,
+        metavar="K",
+        help="save every K iterations",
     )
     parser.add_argument(
         "--out", metavar="FILE", help="results JSON; also FILE.csv and, with matplotlib, FILE.png"

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from hpcpar.bench.harness import Row, quartile_spread, rank0_printer
+from hpcpar.cli.common import integer, real
 from hpcpar.plugins import Benchmark, register
 
 __all__: list[str] = []
@@ -37,15 +38,17 @@ __all__: list[str] = []
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scales", default="16,18,20", help="SCALEs (16,18,20)")
-    parser.add_argument("--edgefactor", type=int, default=16)
+    parser.add_argument("--edgefactor", type=integer(1, 1 << 16), default=16)
     parser.add_argument("--partitions", default="1d-vertex,1d-edge,2d,hier")
-    parser.add_argument("--roots", type=int, default=16, help="search keys per kernel (16)")
-    parser.add_argument("--validate", type=int, default=2, metavar="K",
+    parser.add_argument(
+        "--roots", type=integer(1, 1 << 20), default=16, help="search keys per kernel (16)"
+    )
+    parser.add_argument("--validate", type=integer(0), default=2, metavar="K",
                         help="validate the first K keys' results (2)")  # fmt: skip
     parser.add_argument("--kernels", default="bfs,sssp")
     parser.add_argument("--peer-binary", metavar="PATH",
                         help="graph500_reference_bfs_sssp built from its source")  # fmt: skip
-    parser.add_argument("--peer-timeout", type=float, default=900.0, metavar="S")
+    parser.add_argument("--peer-timeout", type=real(0, above=True), default=900.0, metavar="S")
 
 
 def _teps(times: list[float], nedge: list[int]) -> dict[str, float]:

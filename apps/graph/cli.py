@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpcpar.cli.common import add_layout_argument
+from hpcpar.cli.common import add_layout_argument, integer, real
 from hpcpar.plugins import Command, register
 from hpcpar.runtime.plots import pyplot, save
 
@@ -35,24 +35,36 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
     parser.add_argument("action", choices=("bfs", "sssp", "all", "generate"))
-    parser.add_argument("--scale", type=int, default=16, help="log2 of the vertex count (16)")
-    parser.add_argument("--edgefactor", type=int, default=16, help="edges per vertex (16)")
-    parser.add_argument("--seed", type=int, default=1, help="generator and key seed (1)")
+    parser.add_argument(
+        "--scale", type=integer(1, 40), default=16, help="log2 of the vertex count (16)"
+    )
+    parser.add_argument(
+        "--edgefactor", type=integer(1, 1 << 16), default=16, help="edges per vertex (16)"
+    )
+    parser.add_argument("--seed", type=integer(0), default=1, help="generator and key seed (1)")
     parser.add_argument("--input", metavar="FILE", help="read the edge list from FILE")
-    parser.add_argument("--vertices", type=int, metavar="N", help="--input: vertex count")
+    parser.add_argument(
+        "--vertices", type=integer(1, 1 << 40), metavar="N", help="--input: vertex count"
+    )
     parser.add_argument("--partition", choices=PARTITIONS, default="1d-vertex")
     parser.add_argument("--grid", metavar="RxC", help="2d: process grid (default: squarest)")
-    parser.add_argument("--roots", type=int, default=64, help="search keys (64)")
-    parser.add_argument("--root", type=int, help="search from this vertex only")
+    parser.add_argument("--roots", type=integer(1, 1 << 20), default=64, help="search keys (64)")
+    parser.add_argument("--root", type=integer(0), help="search from this vertex only")
     parser.add_argument("--validate", action=argparse.BooleanOptionalAction, default=True,
                         help="run the validator after every search (default: on)")  # fmt: skip
     parser.add_argument(
-        "--delta", type=float, help="SSSP bucket width (1 / mean degree; inf: Bellman-Ford)"
+        "--delta",
+        type=real(0, above=True, infinite=True),
+        help="SSSP bucket width (1 / mean degree; inf: Bellman-Ford)",
     )
     parser.add_argument("--direction", choices=("auto", "top-down", "bottom-up"),
                         default="auto", help="BFS direction (auto: Beamer's switch)")  # fmt: skip
-    parser.add_argument("--alpha", type=float, default=14.0, help="top-down -> bottom-up")
-    parser.add_argument("--beta", type=float, default=24.0, help="bottom-up -> top-down")
+    parser.add_argument(
+        "--alpha", type=real(0, above=True), default=14.0, help="top-down -> bottom-up"
+    )
+    parser.add_argument(
+        "--beta", type=real(0, above=True), default=24.0, help="bottom-up -> top-down"
+    )
     parser.add_argument("--out", metavar="FILE", help="JSON results (generate: the .h5 file)")
     add_layout_argument(parser)
 

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from hpcpar.bench.harness import Row, quartile_spread, rank0_printer
+from hpcpar.cli.common import integer, real
 from hpcpar.plugins import Benchmark, register
 
 __all__: list[str] = []
@@ -42,11 +43,13 @@ __all__: list[str] = []
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(repeats=5)
     parser.add_argument("--sizes", default="200,400,600,1000", help="variables per instance")
-    parser.add_argument("--ratio", type=float, default=4.26, help="clauses / variables")
-    parser.add_argument("--seeds", type=int, default=20, help="runs per size (default 20)")
-    parser.add_argument("--flips", type=int, default=5_000_000, help="flips per rate run")
-    parser.add_argument("--budget", type=int, default=20_000_000, help="flips to call SAT")
-    parser.add_argument("--portfolio-runs", type=int, default=40)
+    parser.add_argument(
+        "--ratio", type=real(0, 1e6, above=True), default=4.26, help="clauses / variables"
+    )
+    parser.add_argument("--seeds", type=integer(1), default=20, help="runs per size (default 20)")
+    parser.add_argument("--flips", type=integer(1), default=5_000_000, help="flips per rate run")
+    parser.add_argument("--budget", type=integer(1), default=20_000_000, help="flips to call SAT")
+    parser.add_argument("--portfolio-runs", type=integer(1), default=40)
     parser.add_argument("--peer-binary", metavar="PATH", help="probSAT built from its source")
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcpar.cli.common import add_layout_argument
+from hpcpar.cli.common import add_layout_argument, integer, real
 from hpcpar.plugins import Command, register
 from hpcpar.runtime.plots import pyplot, save
 
@@ -41,23 +41,35 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hierarchical", action="store_true", help="portfolio: one algorithm per node"
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds")
-    parser.add_argument("--max-flips", type=int, default=0, help="flips per rank (0: no limit)")
-    parser.add_argument("--restart", type=int, default=0, metavar="FLIPS", help="0: never")
-    parser.add_argument("--cb", type=float, default=None, help="probSAT cb (by clause length)")
-    parser.add_argument("--noise", type=float, default=0.567, help="WalkSAT noise (0.567)")
-    parser.add_argument("--check-every", type=int, default=20000, metavar="FLIPS")
+    parser.add_argument("--seed", type=integer(0), default=0)
+    parser.add_argument(
+        "--timeout", type=real(0, above=True), default=None, metavar="S", help="seconds"
+    )
+    parser.add_argument(
+        "--max-flips", type=integer(0), default=0, help="flips per rank (0: no limit)"
+    )
+    parser.add_argument("--restart", type=integer(0), default=0, metavar="FLIPS", help="0: never")
+    parser.add_argument(
+        "--cb", type=real(0, above=True), default=None, help="probSAT cb (by clause length)"
+    )
+    parser.add_argument("--noise", type=real(0, 1), default=0.567, help="WalkSAT noise (0.567)")
+    parser.add_argument("--check-every", type=integer(1), default=20000, metavar="FLIPS")
     parser.add_argument("--checkpoint", metavar="DIR", help="one rank: checkpoint (resumes)")
-    parser.add_argument("--checkpoint-every", type=int, default=1_000_000, metavar="FLIPS")
-    parser.add_argument("-n", "--variables", type=int, default=200, help="generate: variables")
-    parser.add_argument("-m", "--clauses", type=int, default=0, help="generate: clauses")
-    parser.add_argument("--ratio", type=float, default=4.26, help="generate: m/n if no -m")
-    parser.add_argument("-k", type=int, default=3, help="generate: literals per clause")
+    parser.add_argument("--checkpoint-every", type=integer(1), default=1_000_000, metavar="FLIPS")
+    parser.add_argument(
+        "-n", "--variables", type=integer(1, 1 << 31), default=200, help="generate: variables"
+    )
+    parser.add_argument(
+        "-m", "--clauses", type=integer(0, 1 << 31), default=0, help="generate: clauses"
+    )
+    parser.add_argument(
+        "--ratio", type=real(0, 1e6, above=True), default=4.26, help="generate: m/n if no -m"
+    )
+    parser.add_argument("-k", type=integer(1, 64), default=3, help="generate: literals per clause")
     parser.add_argument("--planted", action="store_true", help="generate: satisfiable")
-    parser.add_argument("--trials", type=int, default=100, help="predict: sequential runs")
+    parser.add_argument("--trials", type=integer(1), default=100, help="predict: sequential runs")
     parser.add_argument("--cores", default="1,2,4,8,16,32,64,128,256,384", help="predict")
-    parser.add_argument("--measure", type=int, default=20, help="predict: portfolio runs")
+    parser.add_argument("--measure", type=integer(0), default=20, help="predict: portfolio runs")
     parser.add_argument("--out", metavar="FILE", help="predict: JSON, also FILE.csv/.png")
     add_layout_argument(parser)
 

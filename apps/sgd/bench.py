@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from hpcpar.bench.harness import Row, quartile_spread
+from hpcpar.cli.common import integer, real
 from hpcpar.plugins import Benchmark, register
 
 __all__: list[str] = []
@@ -39,20 +40,32 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(repeats=2)
     parser.add_argument("--dataset", default="digits", help="an hpcpar sgd dataset (digits)")
     parser.add_argument("--model", default="mlp", help="softmax, mlp or mlp2 (default mlp)")
-    parser.add_argument("--hidden", type=int, default=64, help="hidden width (default 64)")
-    parser.add_argument("--modes", default=",".join(MODES), help="hpcpar modes to run")
-    parser.add_argument("--epochs", type=int, default=10, help="epochs per run (default 10)")
-    parser.add_argument("--batch", type=int, default=64, help="global batch (default 64)")
-    parser.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
-    parser.add_argument("--bucket-mib", type=float, default=25.0, help="sync buckets (25)")
     parser.add_argument(
-        "--target", type=float, default=0.95, help="test accuracy to reach (default 0.95)"
+        "--hidden", type=integer(1, 1 << 20), default=64, help="hidden width (default 64)"
+    )
+    parser.add_argument("--modes", default=",".join(MODES), help="hpcpar modes to run")
+    parser.add_argument("--epochs", type=integer(1), default=10, help="epochs per run (default 10)")
+    parser.add_argument("--batch", type=integer(1), default=64, help="global batch (default 64)")
+    parser.add_argument(
+        "--lr", type=real(0, above=True), default=0.1, help="learning rate (default 0.1)"
     )
     parser.add_argument(
-        "--threads", type=int, default=0, help="BLAS/torch threads per rank (default: cores/ranks)"
+        "--bucket-mib", type=real(0, 1 << 20, above=True), default=25.0, help="sync buckets (25)"
+    )
+    parser.add_argument(
+        "--target",
+        type=real(0, 1, above=True),
+        default=0.95,
+        help="test accuracy to reach (default 0.95)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=integer(0, 4096),
+        default=0,
+        help="BLAS/torch threads per rank (default: cores/ranks)",
     )
     parser.add_argument("--no-torch", action="store_true", help="skip the torch DDP peer")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=integer(0), default=0)
 
 
 def _torch_group(comm: Any) -> Any:

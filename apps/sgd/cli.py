@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpcpar.cli.common import add_layout_argument
+from hpcpar.cli.common import add_layout_argument, integer, real
 from hpcpar.plugins import Command, register
 from hpcpar.runtime.plots import pyplot, save
 
@@ -21,22 +21,30 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="digits, breast_cancer, wine (scikit-learn's), synthetic, synthetic_sparse",
     )
     parser.add_argument("--model", default="mlp", help="softmax, mlp or mlp2 (default mlp)")
-    parser.add_argument("--hidden", type=int, default=64, help="hidden width (default 64)")
+    parser.add_argument(
+        "--hidden", type=integer(1, 1 << 20), default=64, help="hidden width (default 64)"
+    )
     parser.add_argument(
         "--mode", default="sync", help="sync, local, async or hogwild (default sync)"
     )
-    parser.add_argument("--clip", type=float, default=5.0, help="async: gradient norm clip (5)")
-    parser.add_argument("--local-steps", type=int, default=8, help="local mode: steps per average")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=64, help="global batch (default 64)")
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--bucket-mib", type=float, default=25.0, help="gradient bucket (25)")
+    parser.add_argument(
+        "--clip", type=real(0, above=True), default=5.0, help="async: gradient norm clip (5)"
+    )
+    parser.add_argument(
+        "--local-steps", type=integer(1), default=8, help="local mode: steps per average"
+    )
+    parser.add_argument("--epochs", type=integer(1), default=10)
+    parser.add_argument("--batch", type=integer(1), default=64, help="global batch (default 64)")
+    parser.add_argument("--lr", type=real(0, above=True), default=0.1)
+    parser.add_argument(
+        "--bucket-mib", type=real(0, 1 << 20, above=True), default=25.0, help="gradient bucket (25)"
+    )
     parser.add_argument("--reproducible", action="store_true", help="bitwise reductions")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=integer(0), default=0)
     parser.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (resumes)")
     parser.add_argument(
         "--checkpoint-every",
-        type=int,
+        type=integer(0),
         default=0,
         metavar="K",
         help="steps between checkpoints (async and hogwild: epochs, saved at epoch ends)",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..cli.common import add_layout_argument
+from ..cli.common import add_layout_argument, integer, real
 from ..plugins import Command, benchmarks, register
 
 __all__ = ["add_common_arguments", "bandwidth_plot"]
@@ -21,22 +21,25 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--repeats",
-        type=int,
+        type=integer(1, 1 << 20),
         default=5,
         help="timed repeats per size; the median is reported (default 5)",
     )
     parser.add_argument(
-        "--warmup", type=int, default=2, help="untimed calls before timing (default 2)"
+        "--warmup",
+        type=integer(0, 1 << 20),
+        default=2,
+        help="untimed calls before timing (default 2)",
     )
     parser.add_argument(
         "--min-time",
-        type=float,
+        type=real(0, 3600, above=True),
         default=0.05,
         metavar="S",
         help="seconds one repeat lasts at least; sets the iteration count (default 0.05)",
     )
     parser.add_argument(
-        "--max-iterations", type=int, default=10000, help="iterations per repeat at most"
+        "--max-iterations", type=integer(1), default=10000, help="iterations per repeat at most"
     )
     parser.add_argument(
         "--output", default=None, metavar="PREFIX", help="write PREFIX.json and PREFIX.csv"

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cli.common import integer
 from ..plugins import Benchmark, register
 from .datatype_cases import Gather, cases, measure_case, traffic_of
 from .harness import Row, Variant
@@ -49,7 +50,10 @@ __all__: list[str] = []
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--n", type=int, default=128, help="edge of the N^3 float64 array (default 128)"
+        "--n",
+        type=integer(4, 4096),
+        default=128,
+        help="edge of the N^3 float64 array (default 128)",
     )
     parser.add_argument(
         "--no-roof", action="store_true", help="skip the 2 GiB copy-roof measurement"

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from ..plugins import Command, register
-from .common import add_layout_argument
+from .common import add_layout_argument, integer
 
 __all__: list[str] = []
 
@@ -20,7 +20,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where to write the profile (default hpcpar-profile.json)",
     )
     parser.add_argument(
-        "--repeats", type=int, default=9, help="repeats per measurement (default 9)"
+        "--repeats", type=integer(1, 1 << 20), default=9, help="repeats per measurement (default 9)"
     )
     add_layout_argument(parser)
 

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from ..plugins import Command, register
+from .common import integer
 
 __all__: list[str] = []
 
@@ -30,8 +31,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("ls", "verify", "inspect", "inject"))
     parser.add_argument("path", help="the checkpoint directory")
     parser.add_argument("--local-dir", help="node-local storage, if not PATH/nodes")
-    parser.add_argument("--step", type=int, help="version (inspect: default the newest)")
-    parser.add_argument("--rank", type=int, default=None, help="rank (default 0)")
+    parser.add_argument(
+        "--step", type=integer(0, (1 << 64) - 1), help="version (inspect: default the newest)"
+    )
+    parser.add_argument("--rank", type=integer(0), default=None, help="rank (default 0)")
     parser.add_argument(
         "--level",
         help="a level with files: local, partner, xor, hdf5 (inspect: default the fastest "
@@ -40,8 +43,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fault", choices=("delete-node", "flip", "truncate-manifest"), help="inject: what"
     )
-    parser.add_argument("--node", type=int, help="inject delete-node: the node index")
-    parser.add_argument("--offset", type=int, default=-100, help="inject flip: byte offset")
+    parser.add_argument("--node", type=integer(0), help="inject delete-node: the node index")
+    parser.add_argument(
+        "--offset", type=integer(None), default=-100, help="inject flip: byte offset"
+    )
 
 
 def _ls(info: dict[str, Any]) -> None:

@@ -1,10 +1,83 @@
-"""Options and helpers shared by several subcommands."""
+"""Options and helpers shared by several subcommands: the layout option, checked numbers."""
 
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 
-__all__ = ["add_layout_argument"]
+__all__ = ["add_layout_argument", "integer", "real", "MAX_INT"]
+
+MAX_INT = (1 << 63) - 1
+
+
+def _bounds(low: float | None, high: float | None) -> str:
+    high = None if high == MAX_INT else high  # as good as unbounded, in words
+
+    def show(x: float) -> str:
+        return str(x) if isinstance(x, int) else f"{x:g}"
+
+    if low is not None and high is not None:
+        return f"from {show(low)} to {show(high)}"
+    if low is not None:
+        return f"of at least {show(low)}"
+    return f"of at most {show(high)}" if high is not None else ""
+
+
+def integer(low: int | None = 0, high: int | None = MAX_INT) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``[low, high]`` (None: unbounded on that side)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = (
+                int(text, 0) if text.strip().lower().startswith(("0x", "0o", "0b")) else int(text)
+            )
+        except ValueError:
+            value = None
+        if (
+            value is None
+            or (low is not None and value < low)
+            or (high is not None and value > high)
+        ):
+            raise argparse.ArgumentTypeError(
+                f"expected an integer {_bounds(low, high)}, not {text!r}"
+            )
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def real(
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    above: bool = False,
+    infinite: bool = False,
+) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number in ``[low, high]`` (``above``: ``> low``).
+
+    ``infinite`` also allows ``inf`` (where it means "no limit"); NaN is never a value.
+    """
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        ok = not math.isnan(value) and (math.isfinite(value) or (infinite and value > 0))
+        if ok and low is not None:
+            ok = value > low if above else value >= low
+        if ok and high is not None:
+            ok = value <= high
+        if not ok:
+            side = f"above {low:g}" if above and low is not None else _bounds(low, high)
+            extra = " (or inf)" if infinite else ""
+            raise argparse.ArgumentTypeError(f"expected a number {side}{extra}, not {text!r}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
 
 
 def add_layout_argument(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ..plugins import Command, register
-from .common import add_layout_argument
+from .common import add_layout_argument, integer
 
 __all__: list[str] = []
 
@@ -15,7 +15,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add_layout_argument(parser)
     parser.add_argument(
         "--count",
-        type=int,
+        type=integer(1, 1 << 30),
         default=1 << 20,
         metavar="N",
         help="elements per rank (default 1048576)",

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..collectives.names import COLLECTIVES
 from ..plugins import Command, register
-from .common import add_layout_argument
+from .common import add_layout_argument, integer
 
 __all__ = ["add_machine_arguments", "machine_layout", "machine_profile"]
 
@@ -77,12 +77,20 @@ def machine_layout(nodes: int, ppn: int) -> Any:
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("collective", choices=COLLECTIVES)
     parser.add_argument("size", help="message size, e.g. 8, 64KiB, 1MiB")
-    parser.add_argument("--itemsize", type=int, default=8, help="element size in bytes (default 8)")
     parser.add_argument(
-        "--nodes", type=int, default=None, help="explain for a machine of N nodes ..."
+        "--itemsize", type=integer(1, 1 << 20), default=8, help="element size in bytes (default 8)"
     )
     parser.add_argument(
-        "--ppn", type=int, default=None, help="... with K ranks each (instead of this job)"
+        "--nodes",
+        type=integer(1, 1 << 20),
+        default=None,
+        help="explain for a machine of N nodes ...",
+    )
+    parser.add_argument(
+        "--ppn",
+        type=integer(1, 1 << 16),
+        default=None,
+        help="... with K ranks each (instead of this job)",
     )
     parser.add_argument(
         "--model",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..plugins import Command, register
+from .common import integer, real
 
 __all__ = ["APPS", "render_sbatch", "submit", "job_outcome", "check_time"]
 
@@ -219,9 +220,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "  hpcpar jobs slurm --app sat --nodes 4 --ppn 16 -- solve big.cnf --portfolio\n"
     )
     slurm.add_argument("--app", required=True, help=", ".join(APPS))
-    slurm.add_argument("--nodes", type=int, default=1)
-    slurm.add_argument("--ppn", type=int, default=4, help="ranks per node (default 4)")
-    slurm.add_argument("--cpus-per-task", type=int, default=1)
+    slurm.add_argument("--nodes", type=integer(1, 1 << 20), default=1)
+    slurm.add_argument(
+        "--ppn", type=integer(1, 1 << 16), default=4, help="ranks per node (default 4)"
+    )
+    slurm.add_argument("--cpus-per-task", type=integer(1, 1 << 16), default=1)
     slurm.add_argument("--time", default="00:30:00", help="Slurm time limit (00:30:00)")
     slurm.add_argument("--partition", help="Slurm partition (default: a placeholder line)")
     slurm.add_argument("--launcher", default="srun", help="srun (pmi2) or mpiexec")
@@ -231,7 +234,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     submit_ = sub.add_parser("submit", help="sbatch a script; --wait reports how it ended")
     submit_.add_argument("script")
     submit_.add_argument("--wait", action="store_true", help="wait and report state and log")
-    submit_.add_argument("--timeout", type=float, default=3600, help="--wait at most (s)")
+    submit_.add_argument(
+        "--timeout", type=real(0, above=True), default=3600, help="--wait at most (s)"
+    )
 
 
 def _run(comm: Any, args: argparse.Namespace) -> int:

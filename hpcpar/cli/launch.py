@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..plugins import Command, commands, register
-from .common import add_layout_argument
+from .common import add_layout_argument, integer, real
 
 __all__: list[str] = []
 
@@ -23,12 +23,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "HPCPAR_TIMEOUT the default --timeout."
     )
     parser.add_argument(
-        "-n", "--np", dest="ranks", type=int, required=True, metavar="N", help="number of ranks"
+        "-n",
+        "--np",
+        dest="ranks",
+        type=integer(1, 1 << 20),
+        required=True,
+        metavar="N",
+        help="number of ranks",
     )
     add_layout_argument(parser)
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=real(0, above=True),
         default=None,
         metavar="S",
         help="kill the whole job after S seconds, exit 124 (default: $HPCPAR_TIMEOUT, else none)",

@@ -8,6 +8,7 @@ from typing import Any
 from ..collectives.names import COLLECTIVES
 from ..plugins import Command, register
 from ..runtime.plots import MISSING, pyplot, save
+from .common import integer
 from .explain import add_machine_arguments, machine_profile
 
 __all__: list[str] = []
@@ -16,8 +17,10 @@ MAX_RANKS = 65536
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, required=True, help="nodes of the machine")
-    parser.add_argument("--ppn", type=int, required=True, help="ranks per node")
+    parser.add_argument(
+        "--nodes", type=integer(1, 1 << 20), required=True, help="nodes of the machine"
+    )
+    parser.add_argument("--ppn", type=integer(1, 1 << 16), required=True, help="ranks per node")
     parser.add_argument(
         "--collective",
         default="allreduce",

@@ -7,6 +7,7 @@ import shlex
 from typing import Any
 
 from ..plugins import Command, commands, register
+from .common import integer, real
 
 __all__: list[str] = []
 
@@ -14,7 +15,7 @@ __all__: list[str] = []
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=type(parser))
     up = sub.add_parser("up", help="create N virtual nodes (needs root)")
-    up.add_argument("--nodes", type=int, required=True, help="number of virtual nodes")
+    up.add_argument("--nodes", type=integer(1, 64), required=True, help="number of virtual nodes")
     up.add_argument(
         "--link",
         default=None,
@@ -23,7 +24,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     up.add_argument("--subnet", default="10.213.7", help="first three octets of the /24 to use")
     run = sub.add_parser("run", help="run an MPI job across the virtual nodes")
-    run.add_argument("--ppn", type=int, default=1, help="ranks per virtual node (default 1)")
+    run.add_argument(
+        "--ppn", type=integer(1, 1 << 10), default=1, help="ranks per virtual node (default 1)"
+    )
     run.add_argument(
         "--distribution",
         choices=("block", "cyclic"),
@@ -32,7 +35,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "r mod nodes (Slurm's --distribution=cyclic)",
     )
     run.add_argument(
-        "--timeout", type=float, default=None, metavar="S", help="kill the job after S seconds"
+        "--timeout",
+        type=real(0, above=True),
+        default=None,
+        metavar="S",
+        help="kill the job after S seconds",
     )
     run.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     run.add_argument("command", nargs=argparse.REMAINDER, help="what every rank runs, after --")

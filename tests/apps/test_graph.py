@@ -188,12 +188,12 @@ def test_cli_generate_then_search_the_file_matches_scipy(capsys, tmp_path):
     "argv, match",
     [
         (["bfs", "--scale", "38"], "GiB is available"),
-        (["bfs", "--scale", "0"], "1 <= SCALE <= 40"),
+        (["bfs", "--scale", "0"], "--scale: expected an integer from 1 to 40"),
         (["bfs", "--scale", "6", "--root", "100000"], "outside"),
-        (["bfs", "--scale", "6", "--roots", "0"], "--roots must be at least 1"),
+        (["bfs", "--scale", "6", "--roots", "0"], "--roots: expected an integer from 1"),
         (["bfs", "--scale", "6", "--partition", "2d", "--grid", "3x3"], "does not have"),
         (["bfs", "--scale", "6", "--grid", "axb", "--partition", "2d"], "RxC"),
-        (["sssp", "--scale", "6", "--delta", "-1"], "delta must be positive"),
+        (["sssp", "--scale", "6", "--delta", "-1"], "--delta: expected a number above 0"),
         (["generate", "--scale", "6"], "needs --out"),
     ],
 )

@@ -28,7 +28,7 @@ def error_lines(stderr: str) -> list[str]:
         (["info", "--layout", "nodes:2,1"], {}, "places 3 rank(s) but the job has 4"),
         (["info"], {"HPCPAR_LAYOUT": "roundrobin:9"}, "has 9 nodes but the job has only 4"),
         (["bench", "allreduce-mpi", "--max-size", "12Q"], {}, "bad size '12Q'"),
-        (["demo", "--count", "0"], {}, "--count must be at least 1"),
+        (["demo", "--count", "0"], {}, "--count: expected an integer from 1"),
     ],
 )
 def test_bad_input_exits_2_on_every_rank_with_one_line(tmp_path, args, env, message):
@@ -48,9 +48,9 @@ def test_bad_input_exits_2_on_every_rank_with_one_line(tmp_path, args, env, mess
         (["launch", "-n", "4", "--", "no_such_script.py"], "script not found: no_such_script.py"),
         (["launch", "-n", "4", "--layout", "nodes:x", "--", "demo"], "malformed layout"),
         (["launch", "-n", "4", "--layout", "nodes:3", "--", "demo"], "job has 4"),
-        (["launch", "-n", "0", "--", "demo"], "at least 1"),
+        (["launch", "-n", "0", "--", "demo"], "-n/--np: expected an integer from 1"),
         (["launch", "--", "demo"], "-n/--np"),
-        (["launch", "-n", "2", "--timeout", "-1", "--", "demo"], "--timeout must be positive"),
+        (["launch", "-n", "2", "--timeout", "-1", "--", "demo"], "--timeout: expected a number"),
         (["launch", "-n", "2"], "nothing to run"),
     ],
 )

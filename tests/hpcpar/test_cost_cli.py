@@ -83,7 +83,7 @@ def test_simulate_writes_the_map(tmp_path):
     rows = (tmp_path / "sim.csv").read_text().splitlines()
     assert rows[0] == "nodes,ppn,nbytes,algorithm,seconds,winner" and len(rows) > 100
     assert (tmp_path / "sim.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    one_error(hpcpar("simulate", "--nodes", "0", "--ppn", "4"), "nodes * ppn")
+    one_error(hpcpar("simulate", "--nodes", "0", "--ppn", "4"), "--nodes: expected an integer")
     one_error(hpcpar("simulate", "--nodes", "2048", "--ppn", "64"), "65536")
 
 

@@ -77,3 +77,50 @@ def test_a_broken_plugin_is_named_and_the_rest_still_works(tmp_path):
         ran.stderr
     )
     assert "cfr" in ran.stdout
+
+
+def _parsers(parser, path=()):
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _parsers(child, (*path, name))
+
+
+def test_every_numeric_option_is_range_checked():
+    from hpcpar.cli.main import build_parser
+
+    raw = [f"hpcpar {' '.join(path)} {'/'.join(a.option_strings)}"
+           for path, parser in _parsers(build_parser()) for a in parser._actions
+           if a.type in (int, float)]  # fmt: skip
+    assert not raw, "numeric options without a range check:\n" + "\n".join(raw)
+    checked = [(path, a) for path, parser in _parsers(build_parser()) for a in parser._actions
+               if getattr(a.type, "__name__", "") in ("integer", "number")]  # fmt: skip
+    assert len(checked) >= 80
+    for _path, action in checked:
+        for bad in ("nan", "abc", "1e400x", ""):
+            with pytest.raises(Exception, match="expected"):
+                action.type(bad)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["cfr", "--iterations", "-3"], "--iterations: expected an integer of at least 1"),
+        (["sgd", "--lr", "nan"], "--lr: expected a number above 0"),
+        (["sgd", "--lr", "inf"], "--lr: expected a number above 0"),
+        (["graph", "bfs", "--scale", "99"], "--scale: expected an integer from 1 to 40"),
+        (["sat", "solve", "f.cnf", "--noise", "2"], "--noise: expected a number from 0 to 1"),
+        (["bench", "allreduce-mpi", "--repeats", "0"], "--repeats: expected an integer"),
+        (["checkpoint", "ls", "x", "--step", "-1"], "--step: expected an integer from 0"),
+        (["launch", "-n", "0", "--", "demo"], "-n/--np: expected an integer from 1"),
+    ],
+)
+def test_bad_numbers_are_one_line_errors(argv, message, capsys):
+    from hpcpar.cli.main import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err

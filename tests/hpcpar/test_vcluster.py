@@ -85,7 +85,7 @@ def test_setup_and_run_plans():
 @pytest.mark.slow
 def test_bad_input_is_one_line():
     for args, message in (
-        (["vcluster", "up", "--nodes", "0"], "--nodes must be 1..64"),
+        (["vcluster", "up", "--nodes", "0"], "--nodes: expected an integer from 1 to 64"),
         (["vcluster", "up", "--nodes", "2", "--link", "fast"], "bad --link"),
         (["vcluster", "up", "--nodes", "2", "--subnet", "192.168.1"], "bad --subnet"),
         (["vcluster"], "name an action"),
