@@ -30,31 +30,31 @@ __all__ = ["APPS", "render_sbatch", "submit", "job_outcome", "check_time"]
 # Per app: commands run once before the job (plain hpcpar), then the command run on
 # every rank under ``hpcpar launch``, with its exit statuses that mean success.
 APPS: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
-    "demo": ([], "demo --output $OUT/demo-$SLURM_JOB_ID.json", (0,)),
+    "demo": ([], 'demo --output "$OUT/demo-$SLURM_JOB_ID.json"', (0,)),
     "cfr": (
         [],
         "cfr --game leduc_poker --algorithm cfr+ --iterations 200 "
-        "--out $OUT/cfr-$SLURM_JOB_ID.json",
+        '--out "$OUT/cfr-$SLURM_JOB_ID.json"',
         (0,),
     ),
     "sgd": (
         [],
         "sgd --dataset digits --model mlp --mode sync --epochs 5 --batch 64 "
-        "--checkpoint $OUT/sgd-ck-$SLURM_JOB_ID --checkpoint-every 50 "
-        "--out $OUT/sgd-$SLURM_JOB_ID.json",
+        '--checkpoint "$OUT/sgd-ck-$SLURM_JOB_ID" --checkpoint-every 50 '
+        '--out "$OUT/sgd-$SLURM_JOB_ID.json"',
         (0,),
     ),
     "sat": (
-        ["sat generate $OUT/sat-$SLURM_JOB_ID.cnf -n 2000 --ratio 4.2 --planted"],
-        "sat solve $OUT/sat-$SLURM_JOB_ID.cnf --portfolio --timeout 300",
+        ['sat generate "$OUT/sat-$SLURM_JOB_ID.cnf" -n 2000 --ratio 4.2 --planted'],
+        'sat solve "$OUT/sat-$SLURM_JOB_ID.cnf" --portfolio --timeout 300',
         (0, 10),  # 10: satisfiable, 0: unknown (SAT competition convention)
     ),
     "graph": (
         [],
-        "graph all --scale 16 --roots 16 --partition hier --out $OUT/graph-$SLURM_JOB_ID.json",
+        'graph all --scale 16 --roots 16 --partition hier --out "$OUT/graph-$SLURM_JOB_ID.json"',
         (0,),
     ),
-    "bench": ([], "bench allreduce-mpi --max-size 1MiB --output $OUT/bench-$SLURM_JOB_ID", (0,)),
+    "bench": ([], 'bench allreduce-mpi --max-size 1MiB --output "$OUT/bench-$SLURM_JOB_ID"', (0,)),
 }
 
 _TEMPLATE = """\

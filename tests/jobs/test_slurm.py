@@ -75,7 +75,7 @@ def slurm(tmp_path_factory):
 
 
 def _run_script(slurm, tmp_path, app, launcher="srun", script=None):
-    env = dict(slurm.env, HPCPAR=HPCPAR, HPCPAR_RESULTS=str(tmp_path / "results"),
+    env = dict(slurm.env, HPCPAR=HPCPAR, HPCPAR_RESULTS=str(tmp_path / "the results"),
                HPCPAR_LAUNCHER=launcher)  # fmt: skip
     env.pop("HPCPAR_LAYOUT", None)
     script = script or ROOT / "jobs" / "slurm" / f"{app}.sbatch"
@@ -94,7 +94,7 @@ def test_each_apps_batch_script_runs_under_slurm(slurm, tmp_path, app, launcher)
     assert res["state"] == "COMPLETED" and res["exit_code"] == 0, log.read_text()[-3000:]
     text = log.read_text()
     assert f"hpcpar {app}: finished" in text
-    out = tmp_path / "results"
+    out = tmp_path / "the results"  # a space in the path: every path is quoted
     job = res["job"]
     if app == "cfr":
         doc = json.loads((out / f"cfr-{job}.json").read_text())
