@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpcpar.cli.common import add_layout_argument, integer, real
+from hpcpar.cli.common import add_layout_argument, integer, output_path, real
 from hpcpar.plugins import Command, register
 from hpcpar.runtime.plots import pyplot, save
 
@@ -26,7 +26,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "game string, e.g. 'liars_dice(numdice=1)' (default leduc_poker)",
     )
     parser.add_argument("--tree", metavar="FILE", help="load a compiled tree (.npz/.h5)")
-    parser.add_argument("--save-tree", metavar="FILE", help="save the compiled tree here")
+    parser.add_argument(
+        "--save-tree", type=output_path, metavar="FILE", help="save the compiled tree here"
+    )
     parser.add_argument(
         "--source", choices=("auto", "builtin", "openspiel"), default="auto", help="game source"
     )
@@ -55,9 +57,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="save every K iterations",
     )
     parser.add_argument(
-        "--out", metavar="FILE", help="results JSON; also FILE.csv and, with matplotlib, FILE.png"
+        "--out",
+        type=output_path,
+        metavar="FILE",
+        help="results JSON; also FILE.csv and, with matplotlib, FILE.png",
     )
-    parser.add_argument("--policy", metavar="FILE", help="write the average policy (JSON)")
+    parser.add_argument(
+        "--policy", type=output_path, metavar="FILE", help="write the average policy (JSON)"
+    )
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     add_layout_argument(parser)
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpcpar.cli.common import add_layout_argument, integer, real
+from hpcpar.cli.common import add_layout_argument, integer, output_path, real
 from hpcpar.plugins import Command, register
 from hpcpar.runtime.plots import pyplot, save
 
@@ -65,7 +65,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--beta", type=real(0, above=True), default=24.0, help="bottom-up -> top-down"
     )
-    parser.add_argument("--out", metavar="FILE", help="JSON results (generate: the .h5 file)")
+    parser.add_argument(
+        "--out", type=output_path, metavar="FILE", help="JSON results (generate: the .h5 file)"
+    )
     add_layout_argument(parser)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcpar.cli.common import add_layout_argument, integer, real
+from hpcpar.cli.common import add_layout_argument, integer, output_path, real
 from hpcpar.plugins import Command, register
 from hpcpar.runtime.plots import pyplot, save
 
@@ -70,7 +70,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trials", type=integer(1), default=100, help="predict: sequential runs")
     parser.add_argument("--cores", default="1,2,4,8,16,32,64,128,256,384", help="predict")
     parser.add_argument("--measure", type=integer(0), default=20, help="predict: portfolio runs")
-    parser.add_argument("--out", metavar="FILE", help="predict: JSON, also FILE.csv/.png")
+    parser.add_argument(
+        "--out", type=output_path, metavar="FILE", help="predict: JSON, also FILE.csv/.png"
+    )
     add_layout_argument(parser)
 
 

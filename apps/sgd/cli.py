@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpcpar.cli.common import add_layout_argument, integer, real
+from hpcpar.cli.common import add_layout_argument, integer, output_path, real
 from hpcpar.plugins import Command, register
 from hpcpar.runtime.plots import pyplot, save
 
@@ -61,7 +61,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="every rank loads all training rows and batches follow one global shuffle "
         "(default: each rank loads only its shard and shuffles it; async always loads all)",
     )
-    parser.add_argument("--out", metavar="FILE", help="results JSON; also FILE.csv, FILE.png")
+    parser.add_argument(
+        "--out", type=output_path, metavar="FILE", help="results JSON; also FILE.csv, FILE.png"
+    )
     add_layout_argument(parser)
 
 

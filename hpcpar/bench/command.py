@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..cli.common import add_layout_argument, integer, real
+from ..cli.common import add_layout_argument, integer, output_path, real
 from ..plugins import Command, benchmarks, register
 
 __all__ = ["add_common_arguments", "bandwidth_plot"]
@@ -42,7 +42,11 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-iterations", type=integer(1), default=10000, help="iterations per repeat at most"
     )
     parser.add_argument(
-        "--output", default=None, metavar="PREFIX", help="write PREFIX.json and PREFIX.csv"
+        "--output",
+        type=output_path,
+        default=None,
+        metavar="PREFIX",
+        help="write PREFIX.json and PREFIX.csv",
     )
     add_layout_argument(parser)
 

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from ..plugins import Command, register
-from .common import add_layout_argument, integer
+from .common import add_layout_argument, integer, output_path
 
 __all__: list[str] = []
 
@@ -15,6 +15,7 @@ __all__: list[str] = []
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output",
+        type=output_path,
         default="hpcpar-profile.json",
         metavar="FILE",
         help="where to write the profile (default hpcpar-profile.json)",

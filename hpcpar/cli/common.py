@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
-__all__ = ["add_layout_argument", "integer", "real", "MAX_INT"]
+__all__ = ["add_layout_argument", "integer", "real", "output_path", "MAX_INT"]
 
 MAX_INT = (1 << 63) - 1
 
@@ -89,3 +91,25 @@ def add_layout_argument(parser: argparse.ArgumentParser) -> None:
         help="virtual node layout: ppn:K, nodes:A,B,... or roundrobin:K "
         "(default: $HPCPAR_LAYOUT, else the real nodes)",
     )
+
+
+def output_path(text: str) -> str:
+    """An argparse ``type``: a file hpcpar can create there (checked before any work starts).
+
+    The folders on the way are created, and a temporary file is made and removed in the
+    last of them, so a folder that cannot be created or written to (read-only, full, not
+    a folder) is a usage error now, not a traceback after the work is done.
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file name, not an empty one")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".hpcpar-probe-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise argparse.ArgumentTypeError(f"cannot create {text!r}: {reason}") from None
+    return text

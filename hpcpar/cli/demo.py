@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ..plugins import Command, register
-from .common import add_layout_argument, integer
+from .common import add_layout_argument, integer, output_path
 
 __all__: list[str] = []
 
@@ -20,7 +20,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="elements per rank (default 1048576)",
     )
-    parser.add_argument("--output", default=None, metavar="FILE", help="also write results as JSON")
+    parser.add_argument(
+        "--output",
+        type=output_path,
+        default=None,
+        metavar="FILE",
+        help="also write results as JSON",
+    )
     parser.add_argument(
         "--tour",
         action=argparse.BooleanOptionalAction,
@@ -30,6 +36,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--results",
+        type=output_path,
         default="demo-results",
         metavar="DIR",
         help="where the tour writes its results files and plots (default demo-results)",

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..plugins import Command, register
-from .common import integer, real
+from .common import integer, output_path, real
 
 __all__ = ["APPS", "render_sbatch", "submit", "job_outcome", "check_time"]
 
@@ -229,7 +229,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     slurm.add_argument("--partition", help="Slurm partition (default: a placeholder line)")
     slurm.add_argument("--launcher", default="srun", help="srun (pmi2) or mpiexec")
     slurm.add_argument("--log", default="slurm-%x-%j.out", help="Slurm output path")
-    slurm.add_argument("--output", metavar="FILE", help="write here (default: stdout)")
+    slurm.add_argument(
+        "--output", type=output_path, metavar="FILE", help="write here (default: stdout)"
+    )
     slurm.add_argument("app_args", nargs=argparse.REMAINDER, help="-- the app's arguments")
     submit_ = sub.add_parser("submit", help="sbatch a script; --wait reports how it ended")
     submit_.add_argument("script")

@@ -8,7 +8,7 @@ from typing import Any
 from ..collectives.names import COLLECTIVES
 from ..plugins import Command, register
 from ..runtime.plots import MISSING, pyplot, save
-from .common import integer
+from .common import integer, output_path
 from .explain import add_machine_arguments, machine_profile
 
 __all__: list[str] = []
@@ -29,7 +29,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-size", default="8", metavar="SIZE")
     parser.add_argument("--max-size", default="1GiB", metavar="SIZE")
     parser.add_argument(
-        "--output", default=None, metavar="PREFIX", help="write PREFIX.csv and PREFIX.png"
+        "--output",
+        type=output_path,
+        default=None,
+        metavar="PREFIX",
+        help="write PREFIX.csv and PREFIX.png",
     )
     add_machine_arguments(parser)
 

@@ -15,8 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..errors import HpcparError
 
-__all__ = ["run_metadata", "write_json", "write_csv", "atomic_write", "git_commit", "mpi_library"]
+__all__ = [
+    "run_metadata",
+    "write_json",
+    "write_csv",
+    "atomic_write",
+    "ResultsError",
+    "git_commit",
+    "mpi_library",
+]
 
 
 def git_commit(path: str | os.PathLike[str] | None = None) -> str | None:
@@ -101,7 +110,22 @@ def _jsonable(value: Any) -> Any:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename (never half a file)."""
+    """Write ``text`` to ``path`` through a temporary file and a rename (never half a file).
+
+    Raises:
+        ResultsError: the file cannot be written (the reason is named).
+    """
+    try:
+        _atomic_write(Path(path), text)
+    except OSError as exc:
+        raise ResultsError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+class ResultsError(HpcparError):
+    """A results file that cannot be written."""
+
+
+def _atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     umask = os.umask(0)

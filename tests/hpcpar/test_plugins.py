@@ -124,3 +124,23 @@ def test_bad_numbers_are_one_line_errors(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_work(tmp_path, capsys):
+    from hpcpar.cli.main import main
+    from hpcpar.runtime.results import ResultsError, atomic_write
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for argv in (["sgd", "--out", str(a_file / "x.json")],
+                 ["cfr", "--policy", str(tmp_path)],
+                 ["bench", "allreduce-mpi", "--output", "/proc/no/such/place"]):  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and ("cannot create" in err[0] or "is a folder" in err[0]), err
+    with pytest.raises(ResultsError, match="cannot write"):
+        atomic_write(a_file / "sub" / "y.json", "{}")
+    made = tmp_path / "new" / "deeper" / "r.json"
+    assert main(["simulate", "--nodes", "2", "--ppn", "2", "--max-size", "64",
+                 "--output", str(made)]) == 0  # fmt: skip
+    assert made.with_suffix(".csv").exists() or (made.parent / "r.json.csv").exists()
