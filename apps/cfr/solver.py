@@ -369,6 +369,8 @@ class Solver:
         Raises:
             CfrError: the state belongs to another game, algorithm or partition.
         """
+        if "game" not in state or "algorithm" not in state:
+            raise CfrError("checkpoint is of another app, not of cfr")
         if state.get("algorithm") != self.algorithm or state.get("game") != self.tree.name:
             raise CfrError(
                 f"checkpoint is of {state.get('algorithm')} on {state.get('game')}, "

@@ -166,6 +166,8 @@ def _solve_checkpointed(args: argparse.Namespace, cnf: Any) -> int:
     try:
         if ck.versions():
             _, state = ck.restore()
+            if "formula" not in state:
+                raise SatError(f"{args.checkpoint}: checkpoint of another app, not of sat")
             if int(state["formula"]) != _fingerprint(cnf):
                 raise SatError(f"{args.checkpoint}: checkpoint of another formula")
             ls.load_state(state)

@@ -124,7 +124,8 @@ def _train(
     progress = _Progress(args, rank0 and not per_epoch)
 
     def save(e: int, index: int, last: bool) -> None:
-        state = {"params": model.params, "step": trainer.step,
+        state = {"app": "sgd", "model": args.model, "dataset": args.dataset,
+                 "params": model.params, "step": trainer.step,
                  "epoch": e + 1 if last else e, "next": 0 if last else index + 1,
                  "history": _history(rows)}  # fmt: skip
         ck.save(trainer.step, state)
@@ -188,10 +189,29 @@ def _resume(
     if not ck.versions():
         return ck, 0, 0, 0, []
     _, state = ck.restore()
+    _check_resumable(args, state, model)
     model.params[:] = state["params"]
     history = state.get("history")
     rows = [] if history is None else [_unrow(values) for values in history]
     return ck, int(state["step"]), int(state["epoch"]), int(state["next"]), rows
+
+
+def _check_resumable(args: argparse.Namespace, state: dict[str, Any], model: Any) -> None:
+    """Refuse a checkpoint of another app, model or dataset (one line, on every rank).
+
+    Raises:
+        SgdError: naming what the checkpoint holds and what this run trains.
+    """
+    from .models import SgdError
+
+    params = state.get("params")
+    wanted = f"{args.model} ({model.n_params} parameters) on {args.dataset}"
+    if state.get("app", "sgd") != "sgd" or not hasattr(params, "shape"):
+        raise SgdError(f"{args.checkpoint} holds a checkpoint of another app, not of sgd")
+    held = f"{state.get('model', '?')} ({params.size} parameters) on {state.get('dataset', '?')}"
+    same_data = state.get("dataset", args.dataset) == args.dataset
+    if params.shape != model.params.shape or not same_data:
+        raise SgdError(f"{args.checkpoint} holds a checkpoint of {held}; this run trains {wanted}")
 
 
 _HISTORY = ("epoch", "loss", "test_accuracy", "seconds", "samples_per_s", "comm_seconds")
