@@ -52,9 +52,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint-every",
         type=integer(0),
-        default=0,
+        default=None,
         metavar="K",
-        help="save every K iterations",
+        help="save every K iterations (with --checkpoint, default: every --eval-every; "
+        "0: only resume, never save)",
     )
     parser.add_argument(
         "--out",
@@ -76,10 +77,10 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"cfr: --iterations must be at least 1, not {args.iterations}")
     if args.eval_every < 1:
         raise UsageError(f"cfr: --eval-every must be at least 1, not {args.eval_every}")
-    if args.checkpoint_every < 0:
-        raise UsageError(f"cfr: --checkpoint-every must be >= 0, not {args.checkpoint_every}")
     if args.checkpoint_every and not args.checkpoint:
         raise UsageError("cfr: --checkpoint-every needs --checkpoint DIR")
+    if args.checkpoint_every is None:
+        args.checkpoint_every = args.eval_every if args.checkpoint else 0
     if args.target_exploitability is not None and not args.target_exploitability > 0:
         raise UsageError("cfr: --target-exploitability must be positive")
 
@@ -88,13 +89,12 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     from hpcpar.topology import Hierarchy
 
     from .solver import Solver
-    from .tree import build_tree, load_tree
 
     _check(args)
     rank = comm.Get_rank()
     say = print if rank == 0 else (lambda *a, **k: None)
     start = time.perf_counter()
-    tree = load_tree(args.tree) if args.tree else build_tree(args.game, args.source)
+    tree = _tree(args, say)
     if args.save_tree and rank == 0:
         tree.save(args.save_tree)
     h = Hierarchy(comm, layout=args.layout)
@@ -149,6 +149,23 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     _write(comm, args, solver, rows, h)
     h.free()
     return 0
+
+
+def _tree(args: argparse.Namespace, say: Any) -> Any:
+    """The game's tree, loaded or built (a line of progress every 2 s while it is built)."""
+    from .tree import build_tree, load_tree
+
+    if args.tree:
+        return load_tree(args.tree)
+    last = time.perf_counter()
+
+    def building(nodes: int) -> None:
+        nonlocal last
+        if time.perf_counter() - last >= 2.0:
+            last = time.perf_counter()
+            say(f"# building the tree of {args.game}: {nodes:,} nodes walked", flush=True)
+
+    return build_tree(args.game, args.source, building)
 
 
 def _write(comm: Any, args: argparse.Namespace, solver: Any, rows: list, h: Any) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,8 +127,14 @@ class Tree:
         )
 
 
-def compile_tree(root: Any, name: str) -> Tree:
+PROGRESS_NODES = 1 << 16  # the walk reports its progress every this many nodes
+
+
+def compile_tree(root: Any, name: str, progress: Callable[[int], None] | None = None) -> Tree:
     """Walk a game from ``root`` and build its sequence form.
+
+    ``progress(nodes)`` is called every ``PROGRESS_NODES`` nodes walked (a large game
+    takes minutes).
 
     Raises:
         CfrError: the game lacks perfect recall (an infoset reached after different own
@@ -144,6 +151,8 @@ def compile_tree(root: Any, name: str) -> Tree:
 
     def walk(state: Any, seqs: tuple[Any, Any], chance: float) -> None:
         nodes[0] += 1
+        if progress is not None and nodes[0] % PROGRESS_NODES == 0:
+            progress(nodes[0])
         if state.is_terminal():
             terminals.append((seqs[0], seqs[1], chance * state.returns0()))
             return
@@ -225,9 +234,11 @@ def _number(
     return seqs, where
 
 
-def build_tree(game: str, source: str = "auto") -> Tree:
-    """Compile a built-in or OpenSpiel game (see ``games.root_state``)."""
-    return compile_tree(root_state(game, source), game)
+def build_tree(
+    game: str, source: str = "auto", progress: Callable[[int], None] | None = None
+) -> Tree:
+    """Compile a built-in or OpenSpiel game (see ``games.root_state``; ``compile_tree``)."""
+    return compile_tree(root_state(game, source), game, progress)
 
 
 def load_tree(path: Any) -> Tree:

@@ -43,7 +43,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=integer(0), default=0)
     parser.add_argument(
-        "--timeout", type=real(0, above=True), default=None, metavar="S", help="seconds"
+        "--timeout",
+        type=real(0, above=True),
+        default=None,
+        metavar="S",
+        help="seconds: solve, the whole search; predict, each sequential run",
     )
     parser.add_argument(
         "--max-flips", type=integer(0), default=0, help="flips per rank (0: no limit)"
@@ -213,15 +217,26 @@ def _predict(comm: Any, args: argparse.Namespace, cnf: Any) -> int:
     say = print if rank == 0 else (lambda *a, **k: None)
     limit = args.max_flips or 10**9
     runs = []
-    for trial in range(rank, args.trials, size):
+    mine = range(rank, args.trials, size)
+    last = time.monotonic()
+    for done, trial in enumerate(mine):
         ls = LocalSearch(cnf, args.algorithm, args.seed + 1000 * trial, **_options(args))
-        ls.run(limit)
+        _bounded(ls, limit, args.timeout)
         runs.append((trial, ls.solved, ls.flips, ls.seconds))
+        if time.monotonic() - last >= 5.0:  # rank 0's share stands for every rank's
+            last = time.monotonic()
+            say(f"c predict: {done + 1} of {len(mine)} sequential runs on rank 0 done", flush=True)
     runs = sorted(r for part in comm.allgather(runs) for r in part)
     solved = [r for r in runs if r[1]]
     if len(solved) < len(runs):
-        say(f"c {len(runs) - len(solved)} of {len(runs)} trials unsolved within {limit} flips "
+        within = f"{limit} flips" + (f" or {args.timeout:g} s" if args.timeout else "")
+        say(f"c {len(runs) - len(solved)} of {len(runs)} trials unsolved within {within} "
             "(left out: the fits describe solved runs only)")  # fmt: skip
+    if len(solved) < 3:
+        raise UsageError(
+            f"sat predict: {len(solved)} of {len(runs)} trials solved; the fits need 3 or more "
+            "(more --max-flips or --timeout, or an easier formula)"
+        )
     flips = np.array([r[2] for r in solved], dtype=np.float64)
     secs = np.array([r[3] for r in solved])
     fits = fit_laws(flips)
@@ -249,6 +264,17 @@ def _predict(comm: Any, args: argparse.Namespace, cnf: Any) -> int:
     return 0
 
 
+def _bounded(ls: Any, flips: int, timeout: float | None) -> None:
+    """Run ``ls`` for at most ``flips`` flips and ``timeout`` seconds (None: no limit)."""
+    if timeout is None:
+        ls.run(flips)
+        return
+    deadline = time.monotonic() + timeout
+    step = 100_000
+    while not ls.solved and ls.flips < flips and time.monotonic() < deadline:
+        ls.run(min(step, flips - ls.flips))
+
+
 def _measure(comm: Any, args: argparse.Namespace, cnf: Any, cores: list[int]) -> dict:
     """Measured portfolio speedups (flips of the winner, and wall time) at ``cores``."""
     from hpcpar.runtime.comm import idle_barrier
@@ -263,7 +289,7 @@ def _measure(comm: Any, args: argparse.Namespace, cnf: Any, cores: list[int]) ->
     if comm.Get_rank() == 0:
         for r in range(args.measure):
             ls = LocalSearch(cnf, args.algorithm, 10**6 + r, **_options(args))
-            ls.run(args.max_flips or 10**9)
+            _bounded(ls, args.max_flips or 10**9, args.timeout)
             base_flips.append(ls.flips)
             base_secs.append(ls.seconds)
     base = comm.bcast((float(np.mean(base_flips or [0])), float(np.mean(base_secs or [0]))))
@@ -272,7 +298,7 @@ def _measure(comm: Any, args: argparse.Namespace, cnf: Any, cores: list[int]) ->
         flips, secs = [], []
         if comm.Get_rank() < n:
             for r in range(args.measure):
-                res = portfolio(cnf, sub, algorithms=[args.algorithm],
+                res = portfolio(cnf, sub, algorithms=[args.algorithm], timeout=args.timeout,
                                 seed=2 * 10**6 + 1000 * r, max_flips=args.max_flips,
                                 check_every=args.check_every, **_options(args))  # fmt: skip
                 flips.append(res.flips)

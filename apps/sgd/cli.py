@@ -45,9 +45,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint-every",
         type=integer(0),
-        default=0,
+        default=None,
         metavar="K",
-        help="steps between checkpoints (async and hogwild: epochs, saved at epoch ends)",
+        help="steps between checkpoints (async and hogwild: epochs, saved at epoch ends); "
+        "with --checkpoint, default: every epoch's end; 0: only resume, never save",
     )
     parser.add_argument(
         "--progress",
@@ -121,6 +122,8 @@ def _train(
     epoch, start = begin
     say = print if rank0 else (lambda *a, **k: None)
     per_epoch = args.mode in ("async", "hogwild")  # these modes meet only at epoch ends
+    if args.checkpoint_every is None:  # with --checkpoint: at every epoch's end
+        args.checkpoint_every = 1 if per_epoch else trainer.steps_per_epoch
     progress = _Progress(args, rank0 and not per_epoch)
 
     def save(e: int, index: int, last: bool) -> None:
@@ -168,8 +171,8 @@ def _check(args: argparse.Namespace) -> None:
 
     if args.epochs < 1:
         raise UsageError(f"sgd: --epochs must be at least 1, not {args.epochs}")
-    if args.checkpoint_every < 0 or (args.checkpoint_every and not args.checkpoint):
-        raise UsageError("sgd: --checkpoint-every K needs K >= 0 and --checkpoint DIR")
+    if args.checkpoint_every and not args.checkpoint:
+        raise UsageError("sgd: --checkpoint-every K needs --checkpoint DIR")
 
 
 def _resume(

@@ -87,3 +87,27 @@ def test_sat_refuses_another_apps_checkpoint(sgd_checkpoint, tmp_path, capsys):
     capsys.readouterr()
     assert main(["sat", "solve", str(cnf), "--checkpoint", str(sgd_checkpoint)]) == 2
     assert "checkpoint of another app, not of sat" in capsys.readouterr().err
+
+
+def test_sat_predict_honours_its_timeout(tmp_path, capsys):
+    import time
+
+    cnf = tmp_path / "hard.cnf"  # ratio 6: almost surely unsatisfiable, no run ends
+    assert main(["sat", "generate", str(cnf), "-n", "300", "--ratio", "6", "--seed", "2"]) == 0
+    capsys.readouterr()
+    start = time.monotonic()
+    status = main(["sat", "predict", str(cnf), "--trials", "3", "--timeout", "0.3",
+                   "--measure", "0", "--cores", "1,2"])  # fmt: skip
+    assert time.monotonic() - start < 30
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "0 of 3 trials solved" in err and "--timeout" in err
+
+
+def test_building_a_large_game_reports_progress(capsys, monkeypatch):
+    from hpcpar.apps.cfr import tree
+
+    monkeypatch.setattr(tree, "PROGRESS_NODES", 64)
+    seen = []
+    built = tree.build_tree("leduc_poker", "builtin", seen.append)
+    assert seen and seen[0] == 64 and seen[-1] <= built.n_nodes
