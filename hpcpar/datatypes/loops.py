@@ -12,9 +12,10 @@ On copies that fit in the cache it is slower, since the next reader has to fetch
 data from memory; ``kernels.copy_op`` decides.
 
 The look-ahead loops copy single words that each lie in a cache line of their own (the
-z face of a 3-D block): each step also loads the word ``AHEAD`` steps later on the
+z face of a 3-D block): each step also loads the word some steps later on the
 sparse side, so more of those lines are on their way at once than the core's own
-reordering reaches. A 1-D scatter runs as rows of ``ROW_WORDS`` (``_scatter1``), which
+reordering reaches; how far ahead (or whether at all) is measured once per process
+(``distance``). A 1-D scatter runs as rows of ``ROW_WORDS`` (``_scatter1``), which
 the compiler turns into a faster loop than one long one. ``hpcpar bench datatypes``
 (the z face cases) measures both against numpy's copy and MPICH's Pack and Unpack.
 """
@@ -22,7 +23,11 @@ the compiler turns into a faster loop than one long one. ``hpcpar bench datatype
 from __future__ import annotations
 
 import functools
+import statistics
+import time
 from typing import Any
+
+import numpy as np
 
 from llvmlite import ir
 from numba import njit, types
@@ -30,7 +35,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.lib.stride_tricks import as_strided
 
-__all__ = ["AHEAD", "AHEAD_SCATTER", "ROW_WORDS", "ahead", "blocks", "loop"]
+__all__ = ["DISTANCES", "ROW_WORDS", "ahead", "blocks", "distance", "loop"]
 
 
 @intrinsic
@@ -130,8 +135,9 @@ def _stream4(dst: Any, src: Any) -> None:
     _fence()
 
 
-AHEAD = 32  # words looked ahead when packing (8 and 16 gain less on z faces, 64 loses)
-AHEAD_SCATTER = 16  # ... and when unpacking (32 gains less there)
+DISTANCES = (0, 4, 8, 16, 32)  # words a look-ahead loop may load ahead (0: none)
+PROBE_WORDS = 128 * 128  # the probe: a 128^3 block's z face ...
+PROBE_STRIDE = 128  # ... one word every 1 KiB
 
 
 # The distance is an argument, not the constant: compiled with it known, the 1-D loop
@@ -167,6 +173,40 @@ def _ahead2(dst: Any, src: Any, look: Any, ahead: int) -> Any:
     return seen
 
 
+@functools.cache
+def distance(gather: bool) -> int:
+    """How many words ahead the sparse side is loaded on this machine (0: not at all).
+
+    Whether loads ahead help depends on the core's prefetchers: on some CPUs they
+    halve a z face's copy, on others the plain loop is faster. So each process measures
+    once, on first use, a gather (``gather``) or a scatter of a 128^3 block's z face in
+    a 16 MiB scratch array, with every distance in ``DISTANCES``, and keeps the
+    fastest (the median of seven rounds, the candidates interleaved).
+    """
+    sparse = np.ones(PROBE_WORDS * PROBE_STRIDE, dtype=np.uint64)
+    sparse = as_strided(sparse, (PROBE_WORDS,), (PROBE_STRIDE * 8,))
+    dense = np.ones(PROBE_WORDS, dtype=np.uint64)
+    dst, src = (dense, sparse) if gather else (sparse, dense)
+    runs = {d: _probe_copy(d, gather) for d in DISTANCES}
+    times: dict[int, list[float]] = {d: [] for d in DISTANCES}
+    for copy in runs.values():
+        copy(dst, src)  # compiled (or loaded from numba's cache) outside the timing
+    for _ in range(7):
+        for d, copy in runs.items():
+            start = time.perf_counter()
+            copy(dst, src)
+            times[d].append(time.perf_counter() - start)
+    return min(DISTANCES, key=lambda d: (statistics.median(times[d]), d))
+
+
+def _probe_copy(d: int, gather: bool) -> Any:
+    if d == 0:
+        return _copy1
+    if gather:
+        return lambda dst, src: _ahead1(dst, src, src, d)
+    return lambda dst, src: _scatter1(dst, src, d)
+
+
 ROW_WORDS = 64  # the row length ``_scatter1`` cuts a 1-D scatter into
 
 
@@ -194,16 +234,21 @@ def _scatter1(dst: Any, src: Any, ahead: int) -> Any:
 def ahead(ndim: int, gather: bool) -> Any:
     """The look-ahead ``copy(dst, src)`` for ``ndim`` (1 or 2) dimensions, or None.
 
-    It loads ahead in ``src`` (gather, packing) or in ``dst`` (scatter, unpacking).
+    It loads ``distance(gather)`` words ahead in ``src`` (gather, packing) or in ``dst``
+    (scatter, unpacking); None where that distance is 0 (the ordinary copy is faster
+    here) or for other dimension counts.
     """
-    if ndim == 1 and not gather:
-        return lambda dst, src: _scatter1(dst, src, AHEAD_SCATTER)
     loop = {1: _ahead1, 2: _ahead2}.get(ndim)
     if loop is None:
         return None
+    d = distance(gather)
+    if d == 0:
+        return None
+    if ndim == 1 and not gather:
+        return lambda dst, src: _scatter1(dst, src, d)
 
     def ahead_copy(dst: Any, src: Any) -> Any:
-        return loop(dst, src, src, AHEAD) if gather else loop(dst, src, dst, AHEAD_SCATTER)
+        return loop(dst, src, src, d) if gather else loop(dst, src, dst, d)
 
     return ahead_copy
 

@@ -389,16 +389,23 @@ def test_a_view_plan_packs_and_unpacks_other_strides_of_its_shape_exactly_every_
     ],
 )
 @pytest.mark.parametrize("dtype", ["f8", "u4"])
-def test_sparse_words_pack_and_unpack_exactly_with_the_look_ahead_loop(shape, step, dtype):
+@pytest.mark.parametrize("distance", [0, 4, 32])
+def test_sparse_words_pack_and_unpack_exactly_with_the_look_ahead_loop(
+    shape, step, dtype, distance, monkeypatch
+):
+    from hpcpar.datatypes import kernels, loops
     from hpcpar.datatypes.kernels import AHEAD_WORDS, copy_op
 
+    monkeypatch.setattr(loops, "distance", lambda gather: distance)
+    monkeypatch.setattr(kernels, "_loops", {})
     sizes = [abs(k) * n for k, n in zip(step, shape, strict=True)]
     base = np.random.default_rng(len(shape)).random((*sizes, 2)).astype(dtype)
     where = (*(slice(None, None, k) for k in step), 0)
     view = base[where]
     assert view.shape == shape and view.size >= AHEAD_WORDS
     copy, _, _ = copy_op(np.empty(view.shape, view.dtype), view)
-    assert "ahead" in repr(copy)  # one word a cache line: the look-ahead loop packs it
+    # one word a cache line: the look-ahead loop packs it, unless loading ahead is slower
+    assert ("ahead" in repr(copy)) == (distance > 0)
     p = datatypes.plan(view)
     packed = p.pack(view)
     assert packed.tobytes() == np.ascontiguousarray(view).tobytes()
@@ -408,6 +415,15 @@ def test_sparse_words_pack_and_unpack_exactly_with_the_look_ahead_loop(shape, st
     assert np.array_equal(target, view)
     target[...] = 0
     assert not back.any()  # nothing written outside the view
+
+
+def test_the_look_ahead_distance_is_measured_once_among_the_candidates():
+    from hpcpar.datatypes import loops
+
+    for gather in (True, False):
+        d = loops.distance(gather)
+        assert d in loops.DISTANCES
+        assert loops.distance(gather) == d  # kept for the process
 
 
 @pytest.mark.parametrize("offset", [0, 1, 2, 4])  # aligned for words, or only for bytes
