@@ -1,7 +1,8 @@
 """What hpcpar keeps per user communicator: a private duplicate, its hierarchy, tags.
 
 The state is cached on the user's communicator with MPI attribute caching, so it is
-created once (collectively, on the first collective call) and freed with it. All of
+created once (collectively, on the first collective call) and freed with it; creating
+it checks that every rank runs with the same algorithm settings (``agree.py``). All of
 hpcpar's messages run on the private duplicate and the hierarchy's communicators, so
 they never match the user's own messages on the same communicator.
 """
@@ -16,7 +17,9 @@ from mpi4py import MPI
 from ..runtime.comm import default_comm, resolve_comm
 from ..runtime.env import getenv_fast
 from ..topology import Hierarchy
+from .agree import agree
 from .channel import Channel, CollectiveStats
+from .errors import CollectiveMismatchError
 
 __all__ = ["CommState", "state_for", "fast_state", "TAGS_PER_CALL"]
 
@@ -32,6 +35,12 @@ class CommState:
 
     def __init__(self, comm: MPI.Intracomm, layout: str | None) -> None:
         self.private = comm if comm is default_comm() else comm.Dup()
+        try:
+            agree(self.private)  # the same algorithm settings on every rank
+        except CollectiveMismatchError:
+            if self.private is not comm:
+                self.private.Free()
+            raise
         self.hierarchy = Hierarchy(self.private, layout=layout)
         h = self.hierarchy
         self.size = self.private.Get_size()

@@ -28,7 +28,6 @@ import time
 from typing import Any
 
 import numpy as np
-
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils

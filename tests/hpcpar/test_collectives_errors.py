@@ -109,3 +109,42 @@ def test_check_mode_compares_the_algorithm_that_runs(comm, monkeypatch):
         hpcpar.allreduce(np.ones(8))
     monkeypatch.delenv("HPCPAR_ALGORITHM_ALLREDUCE")
     assert_all(hpcpar.allreduce(np.ones(2))[0] == comm.Get_size(), "checked call", comm)
+
+
+def test_ranks_started_with_different_algorithm_settings_fail_at_once(comm, tmp_path, monkeypatch):
+    """Without HPCPAR_CHECK: a per-rank algorithm variable or profile is found when hpcpar
+    first uses a communicator, on every rank, instead of a hang or wrong results."""
+    if comm.Get_size() < 2:
+        pytest.skip("needs two ranks to disagree")
+    monkeypatch.delenv("HPCPAR_CHECK", raising=False)
+    rank = comm.Get_rank()
+    monkeypatch.setenv("HPCPAR_ALGORITHM_ALLREDUCE", "ring" if rank == 0 else "mpi")
+    fresh = comm.Dup()
+    try:
+        named = r"different HPCPAR_ALGORITHM_ALLREDUCE: 'ring' on rank\(s\) 0;"
+        with pytest.raises(CollectiveMismatchError, match=named):
+            hpcpar.allreduce(np.ones(4), comm=fresh)
+        # profiles are compared by content: the same bytes at per-rank paths agree ...
+        monkeypatch.delenv("HPCPAR_ALGORITHM_ALLREDUCE")
+        own = tmp_path / f"profile-{rank}.json"
+        own.write_text('{"format": "hpcpar-profile"}')
+        monkeypatch.setenv("HPCPAR_PROFILE", str(own))
+        from hpcpar.collectives.agree import agree, settings
+
+        agree(fresh)
+        # ... different bytes do not
+        own.write_text(f'{{"format": "hpcpar-profile", "rank": {rank}}}')
+        named = "different HPCPAR_PROFILE: a file with content"
+        with pytest.raises(CollectiveMismatchError, match=named):
+            agree(fresh)
+        monkeypatch.delenv("HPCPAR_PROFILE")
+        assert settings()["HPCPAR_PROFILE"] == "unset"
+        # agreeing ranks then run normally on a new communicator
+        again = comm.Dup()
+        try:
+            total = hpcpar.allreduce(np.full(4, rank + 1.0), comm=again)
+            assert_all(np.array_equal(total, np.full(4, comm.allreduce(rank + 1.0))), "sum", comm)
+        finally:
+            again.Free()
+    finally:
+        fresh.Free()
