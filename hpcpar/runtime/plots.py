@@ -28,10 +28,18 @@ def pyplot() -> Any | None:
 
 
 def save(fig: Any, path: str | Path, dpi: int = 110) -> Path:
-    """Lay ``fig`` out, write it to ``path`` and release it; returns the path."""
+    """Lay ``fig`` out, write it to ``path`` and release it; returns the path.
+
+    Where the decorations do not fit the figure's size (a long title, many legend
+    entries) the saved image grows to hold them instead.
+    """
+    import warnings
+
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Tight layout not applied", UserWarning)
+        fig.tight_layout()
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
     plt.close(fig)
     return Path(path)
