@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from hpcpar.datatypes.threads import copy_array
+from hpcpar.runtime import flight
 
 from .faults import Fault, parse_fault
 from .gpu import device_to_host, is_device_array, pinned_empty
@@ -65,7 +66,11 @@ class SaveHandle:
             CheckpointError: the version could not be committed at some level (the
                 levels that did commit it are restorable).
         """
-        self._flush.result()
+        entry = flight.point("checkpoint wait", "checkpoint")
+        try:
+            self._flush.result()
+        finally:
+            flight.leave(entry)
 
 
 class _Buffers:
@@ -292,6 +297,13 @@ class Checkpointer:
                 and rank are named), ranks that passed different steps, or a step that
                 is not newer than every version saved or committed before.
         """
+        entry = flight.point("checkpoint save", "checkpoint", None, step)
+        try:
+            return self._save(step, state, lazy)
+        finally:
+            flight.leave(entry)
+
+    def _save(self, step: int, state: dict[str, Any], lazy: bool) -> SaveHandle:
         problem, flat = "", {}
         try:
             step = check_step(step)
@@ -370,6 +382,8 @@ class Checkpointer:
         done: list[Level] = []
         for level in due:
             start = time.perf_counter()
+            entry = flight.point(f"checkpoint commit {level.name}", "checkpoint", None, step,
+                                 current=False)  # fmt: skip  # (a background thread)
             if self.fault is not None:
                 self.fault.arm_write(step, self.rank, level.name)
             reason = level.write(step, shard, copy, written)
@@ -389,6 +403,7 @@ class Checkpointer:
                 failed.append(f"{level.name}: commit: {exc}")
                 continue
             self.timings[level.name].append(time.perf_counter() - start)
+            flight.finish(entry)
             if self.fault is not None:
                 self.fault.point("after-commit", step, self.rank, level.name)
             done.append(level)
@@ -457,6 +472,13 @@ class Checkpointer:
             CheckpointError: no committed version is whole on every rank (the reasons of
                 the newest one are given).
         """
+        entry = flight.point("checkpoint restore", "checkpoint", None, step)
+        try:
+            return self._restore(step)
+        finally:
+            flight.leave(entry)
+
+    def _restore(self, step: int | None) -> tuple[int, dict[str, Any]]:
         committed = self.committed()
         newest = max((v for vs in committed.values() for v in vs), default=-1)
         mine = self._snapshot[0] if self._snapshot is not None else -1

@@ -29,6 +29,7 @@ from .datatypes import DatatypeError, plan
 from .datatypes.choose import send_method
 from .errors import HpcparError
 from .p2p import view_type
+from .runtime import flight
 
 __all__ = ["HaloExchange"]
 
@@ -125,8 +126,15 @@ class HaloExchange:
         """
         if tuple(a.shape) != self.shape or np.dtype(a.dtype) != self.dtype:
             raise DatatypeError(f"expected an array of shape {self.shape} and dtype {self.dtype}")
-        if is_device_array(a):
-            return self._exchange_device(a)
+        entry = flight.point("halo exchange", "halo", None, a)
+        try:
+            if is_device_array(a):
+                return self._exchange_device(a)
+            return self._exchange_host(a)
+        finally:
+            flight.leave(entry)
+
+    def _exchange_host(self, a: Any) -> Any:
         flat = a.reshape(-1).view(np.uint8) if a.flags.c_contiguous else None
         me = self.comm.Get_rank()
         tag = 0

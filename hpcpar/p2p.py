@@ -29,6 +29,7 @@ from .datatypes.choose import send_method
 from .datatypes.ir import shift
 from .datatypes.plan import Plan, bytes_of, shared_plan
 from .datatypes.views import unpack_view_once
+from .runtime import flight
 from .runtime.comm import resolve_comm
 from .runtime.orphans import adopt, progress_adopted
 
@@ -274,17 +275,21 @@ def send(
     ``"staged"`` (a 2D copy into host memory), ``"device"`` (the pack kernel, then one
     copy) or ``"auto"``.
     """
-    p = _host_plan(obj, datatype)
-    if p is not None:
-        typed = _typed(obj, p, datatype, count, method, writable=False)
-        if typed is not None:
-            resolve_comm(comm).Send(typed, dest, tag)
-        elif datatype is None:
-            resolve_comm(comm).Send(p.pack(obj), dest, tag)
-        else:
-            resolve_comm(comm).Send(p.pack(obj, count=count), dest, tag)
-        return
-    resolve_comm(comm).Send(_outgoing(obj, datatype, count, method), dest, tag)
+    entry = flight.point("send", "p2p", dest, obj if datatype is None else count)
+    try:
+        p = _host_plan(obj, datatype)
+        if p is not None:
+            typed = _typed(obj, p, datatype, count, method, writable=False)
+            if typed is not None:
+                resolve_comm(comm).Send(typed, dest, tag)
+            elif datatype is None:
+                resolve_comm(comm).Send(p.pack(obj), dest, tag)
+            else:
+                resolve_comm(comm).Send(p.pack(obj, count=count), dest, tag)
+            return
+        resolve_comm(comm).Send(_outgoing(obj, datatype, count, method), dest, tag)
+    finally:
+        flight.leave(entry)
 
 
 def _host_plan(obj: Any, datatype: Any) -> Plan | None:
@@ -318,6 +323,16 @@ def recv(
     Raises:
         DatatypeError: the message's size is not what ``obj`` holds.
     """
+    entry = flight.point("recv", "p2p", source, obj if datatype is None else count)
+    try:
+        return _recv(obj, source, tag, comm, datatype, count, status, method)
+    finally:
+        flight.leave(entry)
+
+
+def _recv(
+    obj: Any, source: int, tag: int, comm: Any, datatype: Any, count: int, status: Any, method: str
+) -> Any:
     status = status if status is not None else MPI.Status()
     if datatype is None and isinstance(obj, np.ndarray) and not obj.flags.writeable:
         raise DatatypeError("recv into a read-only array")
@@ -344,8 +359,11 @@ class P2PRequest:
     (``hpcpar.runtime.orphans``): its buffers stay alive until MPI is done with them.
     """
 
-    def __init__(self, request: MPI.Request, keep: Any, incoming: _Incoming | None = None) -> None:
+    def __init__(
+        self, request: MPI.Request, keep: Any, incoming: _Incoming | None = None, entry: Any = None
+    ) -> None:
         self._request, self._keep, self._incoming = request, keep, incoming
+        self._entry = entry  # its flight-record entry
         self._status = MPI.Status()
         self._arrived = False  # the message has completed (a receive may still need unpacking)
         self._done = False
@@ -365,10 +383,13 @@ class P2PRequest:
             return self._result
         if not self._arrived:
             progress_adopted()
+            if self._entry is not None:
+                flight.CURRENT[0] = self._entry
             with _Truncation(self._expected()):
                 self._request.Wait(self._status)
             self._arrived = True
         self._done = True
+        flight.finish(self._entry)
         if self._incoming is not None:
             self._result = self._incoming.finish(self._status)
         return self._result
@@ -402,8 +423,9 @@ def isend(
     obj: Any, dest: int, tag: int = 0, *, comm: Any = None, datatype: Any = None, count: int = 1
 ) -> P2PRequest:
     """Nonblocking ``send``; the data is packed (copied) when the call starts if needed."""
+    entry = flight.point("isend", "p2p", dest, obj if datatype is None else count, current=False)
     data = _outgoing(obj, datatype, count)
-    return P2PRequest(resolve_comm(comm).Isend(data, dest, tag), data)
+    return P2PRequest(resolve_comm(comm).Isend(data, dest, tag), data, entry=entry)
 
 
 def irecv(
@@ -416,9 +438,10 @@ def irecv(
     count: int = 1,
 ) -> P2PRequest:
     """Nonblocking ``recv``; ``wait()`` unpacks into ``obj`` and returns it."""
+    entry = flight.point("irecv", "p2p", source, obj if datatype is None else count, current=False)
     incoming = _Incoming(obj, datatype, count)
     return P2PRequest(
-        resolve_comm(comm).Irecv(incoming.buffer, source, tag), incoming.buffer, incoming
+        resolve_comm(comm).Irecv(incoming.buffer, source, tag), incoming.buffer, incoming, entry
     )
 
 
@@ -433,15 +456,19 @@ def sendrecv(
     comm: Any = None,
 ) -> Any:
     """Send ``sendobj`` to ``dest`` and receive into ``recvobj`` from ``source`` (any layouts)."""
-    incoming = _Incoming(recvobj, None, 1)
-    status = MPI.Status()
-    with _Truncation(incoming.buffer.nbytes):
-        resolve_comm(comm).Sendrecv(
-            _outgoing(sendobj, None, 1), dest, sendtag, incoming.buffer, source, recvtag, status
-        )
-    if source == MPI.PROC_NULL:
-        return recvobj
-    return incoming.finish(status)
+    entry = flight.point("sendrecv", "p2p", (dest, source), sendobj)
+    try:
+        incoming = _Incoming(recvobj, None, 1)
+        status = MPI.Status()
+        with _Truncation(incoming.buffer.nbytes):
+            resolve_comm(comm).Sendrecv(
+                _outgoing(sendobj, None, 1), dest, sendtag, incoming.buffer, source, recvtag, status
+            )
+        if source == MPI.PROC_NULL:
+            return recvobj
+        return incoming.finish(status)
+    finally:
+        flight.leave(entry)
 
 
 class PersistentRequest:

@@ -57,6 +57,7 @@ CORE_MODULES = (
     "hpcpar.bench.collectives",
     "hpcpar.bench.datatypes",
     "hpcpar.bench.checkpoint",
+    "hpcpar.bench.flight",
 )
 
 

@@ -7,6 +7,7 @@ end, the ``i*`` form returns a ``CollectiveRequest`` that advances it on ``test(
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..runtime import flight
 from ..runtime.orphans import ADOPTED, progress_adopted
 from . import reproducible as repro
 from .autotune import autotune_on as _autotune_on
@@ -101,14 +103,23 @@ def _begin(
             raise CollectiveError(problem)
     call = open_call(state, collective, chosen.name, nbytes, blocking)
     call.stats.steps.append(reason)
+    # frames up to the public function: _begin, _prepare_*, _complete or _request, it
+    call.flight = flight.enter(state.label, state._sequence - 1,
+                               collective if blocking else f"i{collective}", chosen.name,
+                               check.get("count", check.get("counts")), check.get("dtype"),
+                               op, check.get("root"), depth=4)  # fmt: skip
     return chosen, call
 
 
 def _finisher(call: Any, deliver: Callable[[], Any]) -> Callable[[Any], Any]:
     def finish(_value: Any) -> Any:
         remember_stats(call.stats)
+        if call.flight is not None:
+            call.flight[flight.END] = time.time()
         return deliver()
 
+    if not call.blocking:  # what a rank waiting on the request is inside
+        finish.flight = call.flight  # type: ignore[attr-defined]
     return finish
 
 

@@ -22,6 +22,7 @@ class Call:
         blocking: Whether the call runs to completion at once (the ``mpi`` algorithm
             then uses the library's blocking collective, which MPI libraries tune
             better than the nonblocking one).
+        flight: The call's entry in the flight record (None while it is off).
     """
 
     def __init__(self, state: CommState, stats: CollectiveStats, tag: int, blocking: bool) -> None:
@@ -29,6 +30,7 @@ class Call:
         self.stats = stats
         self.tag = tag
         self.blocking = blocking
+        self.flight: Any = None  # the call's flight-record entry (hpcpar.runtime.flight)
         self._channels: dict[str, Channel | None] | None = None
 
     def _channel(self, level: str) -> Channel | None:

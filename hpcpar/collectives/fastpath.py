@@ -16,6 +16,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.env import RAW_ENVIRON, TRUE_WORDS
+from ..runtime.flight import LAST as _RUN
+from ..runtime.flight import RECORDING as _FLIGHT_ON
+from ..runtime.flight import fast_entry
 from ..runtime.orphans import ADOPTED, progress_adopted
 from . import mpi_library
 from .channel import LAST_CALL
@@ -87,6 +90,8 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
     # next_tag(), blocking_allreduce() and note_library_call() inlined: calling them
     # costs a measurable share of a small call (hpcpar bench collectives: mpi against
     # mpi-direct)
+    if _FLIGHT_ON[0] and _RUN[0] is not decided:  # the flight record: a run is one entry
+        fast_entry(decided, state, "allreduce", x, op)
     state._sequence += 1  # state.next_tag() without computing the tag it does not use
     if out is x:
         state.private.Allreduce(_IN_PLACE, out, mpi_op)

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..runtime import flight
+from ..runtime.flight import CALLS, SEQ
 from ..runtime.orphans import adopt
 from . import mpi_library
 from .api import iallreduce
@@ -56,6 +58,7 @@ class PersistentAllreduce:
                                      data.itemsize)  # fmt: skip
         self.algorithm = chosen.name
         self.x, self.out, self._op, self._comm, self._state = x, out, op, comm, state
+        self._entry: Any = None  # its flight-record entry (a run of starts)
         self._running: Any = None
         self._freed = False
         self._request: Any = None
@@ -80,12 +83,25 @@ class PersistentAllreduce:
             self._running = iallreduce(self.x, self._op, out=self.out, comm=self._comm,
                                        algorithm=self.algorithm)  # fmt: skip
             return
+        seq = self._state._sequence
         self._state.next_tag()  # the same tag sequence as a plain call
+        if flight.RECORDING[0]:
+            self._record(seq)
         if self._request is not None:
             self._request.Start()
         else:
             self._blocking()
         self._running = True
+
+    def _record(self, seq: int) -> None:
+        """The flight record: successive starts of this allreduce are one entry."""
+        entry = self._entry
+        if entry is not None and flight.LAST[1] is entry and entry[SEQ] + entry[CALLS] == seq:
+            entry[CALLS] += 1
+            flight.CURRENT[0] = entry
+            return
+        self._entry = flight.enter(self._state.label, seq, "allreduce (persistent)", LIBRARY,
+                                   self.x.size, self.x.dtype, self._op, None, depth=2)  # fmt: skip
 
     def wait(self) -> Any:
         """Finish the allreduce ``start()`` began; returns ``out``."""
@@ -95,6 +111,7 @@ class PersistentAllreduce:
         if not self._library:
             return running.wait()
         if self._request is not None:
+            flight.CURRENT[0] = self._entry
             self._request.Wait()
         note_library_call("allreduce", self.out.nbytes)
         return self.out

@@ -19,6 +19,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from ..runtime import flight
 from ..runtime.orphans import adopt, progress_adopted
 
 __all__ = ["Schedule", "run", "concurrently", "CollectiveRequest", "PendingRequestWarning"]
@@ -103,6 +104,9 @@ class _Operation:
         return True
 
     def wait(self) -> Any:
+        entry = getattr(self.finish, "flight", None)
+        if entry is not None:
+            flight.CURRENT[0] = entry  # this rank now waits in it
         while not self.done:
             if self.waiting:
                 MPI.Request.Waitall(self.waiting)

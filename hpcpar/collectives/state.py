@@ -28,6 +28,7 @@ _KEYVAL: int | None = None
 # The state of comm=None and the HPCPAR_LAYOUT it was made for (looked up on every call).
 _DEFAULT: tuple[str, CommState, bytes] | None = None  # (layout, state, layout encoded)
 _LAYOUT_KEY = b"HPCPAR_LAYOUT"
+_MADE = 0  # states made in this process: communicators are numbered in that order
 
 
 class CommState:
@@ -41,6 +42,11 @@ class CommState:
             if self.private is not comm:
                 self.private.Free()
             raise
+        global _MADE
+        _MADE += 1
+        self.label = ("world" if self.private is default_comm() else f"comm{_MADE}") + (
+            f" ({layout})" if layout else ""
+        )  # names the communicator in the flight record; the same on every rank
         self.hierarchy = Hierarchy(self.private, layout=layout)
         h = self.hierarchy
         self.size = self.private.Get_size()
