@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["add_layout_argument", "integer", "real", "output_path", "MAX_INT"]
+__all__ = ["add_layout_argument", "integer", "real", "output_path", "output_folder", "MAX_INT"]
 
 MAX_INT = (1 << 63) - 1
 
@@ -112,4 +112,25 @@ def output_path(text: str) -> str:
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise argparse.ArgumentTypeError(f"cannot create {text!r}: {reason}") from None
+    return text
+
+
+def output_folder(text: str) -> str:
+    """An argparse ``type``: a folder hpcpar can write files in (made if missing).
+
+    Like ``output_path`` for an option that names a folder: an existing file there, or
+    a place where the folder cannot be made or written to, is a usage error at once.
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder name, not an empty one")
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".hpcpar-probe-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise argparse.ArgumentTypeError(f"cannot write in {text!r}: {reason}") from None
     return text

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ..plugins import Command, register
-from .common import add_layout_argument, integer, output_path
+from .common import add_layout_argument, integer, output_folder, output_path
 
 __all__: list[str] = []
 
@@ -36,7 +36,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--results",
-        type=output_path,
+        type=output_folder,
         default="demo-results",
         metavar="DIR",
         help="where the tour writes its results files and plots (default demo-results)",

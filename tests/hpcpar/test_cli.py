@@ -11,6 +11,7 @@ import pytest
 from launching import clean_env, hpcpar, launch
 
 from hpcpar.cli.main import main
+from hpcpar.errors import UsageError
 
 pytestmark = [pytest.mark.slow]  # starts whole jobs: left out of dev.py test --quick
 
@@ -171,3 +172,20 @@ def test_a_rank_that_leaves_early_fails_the_job(tmp_path):
     assert "rank(s) " in line and "1" in line.split("rank(s) ")[1].split(" ")[0]
     fine = launch(2, sys.executable, "-c", "import hpcpar; hpcpar.default_comm().Barrier()")
     assert fine.returncode == 0, fine.stderr
+
+
+def test_the_demo_results_folder_may_exist_already_but_not_be_a_file(tmp_path):
+    from hpcpar.cli.main import build_parser
+
+    folder = tmp_path / "demo-results"
+    folder.mkdir()
+    (folder / "cfr.json").write_text("{}")  # a previous run's files
+    args = build_parser().parse_args(["demo", "--results", str(folder)])
+    assert args.results == str(folder)
+    fresh = tmp_path / "new" / "results"
+    assert build_parser().parse_args(["demo", "--results", str(fresh)]).results == str(fresh)
+    assert fresh.is_dir()
+    plain = tmp_path / "a-file"
+    plain.write_text("")
+    with pytest.raises(UsageError, match="is a file, not a folder"):
+        build_parser().parse_args(["demo", "--results", str(plain)])
