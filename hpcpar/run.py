@@ -6,6 +6,7 @@ on every rank.
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 
@@ -21,6 +22,18 @@ def main(argv: list[str] | None = None) -> None:
     from .runtime.abort import install_excepthook
 
     install_excepthook()
+    if os.environ.get("HPCPAR_WATCHDOG"):  # the watchdog watches scripts that use mpi4py only
+        from .errors import HpcparError
+        from .runtime.comm import default_comm
+
+        try:
+            default_comm()
+        except HpcparError as exc:  # a bad setting: the same on every rank
+            from mpi4py import MPI
+
+            if MPI.COMM_WORLD.Get_rank() == 0:
+                sys.stderr.write(f"hpcpar: error: {exc}\n")
+            raise SystemExit(2) from None
     sys.argv = list(args)
     runpy.run_path(args[0], run_name="__main__")
 

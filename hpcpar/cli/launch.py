@@ -40,6 +40,15 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="kill the whole job after S seconds, exit 124 (default: $HPCPAR_TIMEOUT, else none)",
     )
     parser.add_argument(
+        "--watchdog",
+        type=real(0, 1e9, above=True),
+        default=None,
+        metavar="S",
+        help="report a rank waiting in one call for more than S seconds, with every rank's "
+        "state, and end the job with status 4 (sets HPCPAR_WATCHDOG; "
+        "HPCPAR_WATCHDOG_ACTION=report only reports)",
+    )
+    parser.add_argument(
         "--launcher",
         choices=("auto", "mpiexec", "srun"),
         default=os.environ.get("HPCPAR_LAUNCHER", "auto"),
@@ -68,6 +77,13 @@ def _timeout(args: argparse.Namespace) -> float | None:
     return value
 
 
+def check_watchdog_settings(env: dict[str, str]) -> None:
+    """Refuse a bad ``HPCPAR_WATCHDOG``/``HPCPAR_WATCHDOG_ACTION`` before the job starts."""
+    from ..runtime.watchdog import settings
+
+    settings(env)
+
+
 def _run(_comm: Any, args: argparse.Namespace) -> int:
     from ..launcher import plan_launch, run_job
 
@@ -82,6 +98,9 @@ def _run(_comm: Any, args: argparse.Namespace) -> int:
         launcher=args.launcher,
         known_commands=commands().keys(),
     )
+    if args.watchdog is not None:
+        plan.env["HPCPAR_WATCHDOG"] = f"{args.watchdog:g}"
+    check_watchdog_settings({**os.environ, **plan.env})
     if args.dry_run:
         for note in plan.notes:
             print(f"# {note}")
@@ -96,7 +115,7 @@ def _run(_comm: Any, args: argparse.Namespace) -> int:
 register(
     Command(
         "launch",
-        "start an MPI job: hpcpar launch -n N [--layout L] [--timeout S] -- COMMAND",
+        "start an MPI job: hpcpar launch -n N [--layout L] [--timeout S] [--watchdog S] -- COMMAND",
         _add_arguments,
         _run,
         needs_mpi=False,

@@ -81,7 +81,12 @@ def _run_with_mpi(command: Command, args: argparse.Namespace) -> int:
 
     from ..runtime.comm import default_comm
 
-    comm = default_comm()
+    try:
+        comm = default_comm()  # (the same on every rank: its errors are too)
+    except HpcparError as exc:
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            _say(f"hpcpar: error: {exc}")
+        return 2
     guard = MPI.COMM_WORLD.Dup()  # only error agreement runs here, so it cannot mismatch
     try:
         status = command.run(comm, args)

@@ -1,0 +1,137 @@
+"""The watchdog: a job whose ranks wait too long in one call is reported and ended, at
+2-4 ranks, for collectives, checkpoint saves, early exits, mismatches and the MPI
+library called directly; ranks that only compute for long are not reported."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from launching import clean_env, hpcpar
+
+pytestmark = pytest.mark.slow
+
+JOB = str(Path(__file__).parent.parent / "helpers" / "watchdog_job.py")
+LIMIT = 3.0
+
+
+def run(ranks: int, mode: str, *args: str, limit: float = LIMIT, **env: str):
+    started = time.time()
+    done = hpcpar("launch", "-n", str(ranks), "--timeout", "90", "--watchdog", f"{limit:g}",
+                  "--", JOB, mode, *args, env=clean_env(**env), timeout=120)  # fmt: skip
+    ended = time.time()
+    report = [line[len("hpcpar watchdog: "):] for line in done.stderr.splitlines()
+              if line.startswith("hpcpar watchdog: ")]  # fmt: skip
+    hang = re.search(r"hang from ([0-9.]+)", done.stdout)
+    waited = ended - float(hang.group(1)) if hang else None
+    assert ended - started < 90, done.stderr
+    return done, report, waited
+
+
+def _ranks(report: list[str], pattern: str) -> str:
+    return "\n".join(line for line in report if re.search(pattern, line))
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_a_rank_that_never_joins_an_allreduce_is_named_with_its_function(ranks):
+    done, report, waited = run(ranks, "allreduce")
+    assert done.returncode == 4, done.stderr
+    last = ranks - 1
+    head = report[0]
+    assert head.startswith("allreduce #3 on world (mpi, count 3, float64): rank(s) "), report
+    inside = ",".join(str(r) for r in range(last)) if last > 1 else "0"
+    assert f"rank(s) {inside} waited" in head or f"rank(s) 0-{last - 1} waited" in head, head
+    for r in range(last):
+        assert _ranks(report, rf"^rank {r}: inside it for .*watchdog_job\.py:\d+ in main"), report
+    about_last = _ranks(report, rf"^rank {last}: not in it; last call allreduce #2 on world")
+    assert "in stuck_in_a_named_function" in about_last, report
+    assert any("time.sleep(120)" in line for line in report), report
+    assert report[-1].startswith("ending the job (exit status 4)")
+    assert waited is not None and waited < 2 * LIMIT + 2, (waited, report)
+
+
+@pytest.mark.parametrize(("ranks", "mode", "operation"), [
+    (2, "barrier", "barrier #3 on world (mpi)"),
+    (3, "checkpoint", "checkpoint save #0 on checkpoint"),
+])  # fmt: skip
+def test_barriers_and_checkpoint_saves_are_watched_too(ranks, mode, operation):
+    done, report, waited = run(ranks, mode)
+    assert done.returncode == 4, done.stderr
+    assert report[0].startswith(operation), report
+    assert _ranks(report, rf"^rank {ranks - 1}: not in it;.*in stuck_in_a_named_function"), report
+    assert waited is not None and waited < 2 * LIMIT + 2, (waited, report)
+
+
+def test_a_rank_that_exits_before_a_collective_is_reported():
+    done, report, waited = run(3, "exit")
+    assert done.returncode == 4, done.stderr
+    assert report[0].startswith("allreduce #3 on world"), report
+    assert _ranks(report, r"^rank 1: exited normally"), report
+    assert _ranks(report, r"^rank 2: inside it"), report
+    assert waited is not None and waited < 2 * LIMIT + 2, (waited, report)
+
+
+def test_a_rank_that_leaves_with_os_exit_ends_the_job_at_once_and_is_named():
+    # MPICH's launcher ends the job when a rank leaves without finalizing MPI, before any
+    # wait reaches the limit; hpcpar launch then names the ranks and exits 3
+    done, report, _ = run(3, "os_exit")
+    assert done.returncode == 3, done.stderr
+    assert "left the job without finishing" in done.stderr and report == [], done.stderr
+
+
+def test_ranks_in_different_collectives_at_one_sequence_number_are_a_mismatch():
+    done, report, _ = run(3, "mismatch")
+    assert done.returncode == 4, done.stderr
+    mismatch = _ranks(report, r"^mismatch at world #3: ")
+    assert "rank(s) 0 called allreduce (mpi, count 3, float64)" in mismatch, report
+    assert "rank(s) 1,2 called bcast (mpi, count 5, float64, root/peer 0)" in mismatch, report
+
+
+def test_the_mpi_library_called_directly_is_watched():
+    done, report, _ = run(2, "mpi4py")
+    assert done.returncode == 4, done.stderr
+    assert report[0].startswith("an MPI call: rank(s) 0 waited"), report
+    assert _ranks(report, r"^rank 1: not in it;.*in stuck_in_a_named_function"), report
+
+
+def test_no_report_when_every_rank_computes_longer_than_the_limit():
+    done, report, _ = run(4, "compute", "5", limit=1.5)
+    assert done.returncode == 0, done.stderr
+    assert report == [] and done.stdout.count("finished") == 4, done.stderr
+
+
+def test_report_only_lets_a_late_rank_finish():
+    done, report, _ = run(2, "late", "4", limit=1.5, HPCPAR_WATCHDOG_ACTION="report")
+    assert done.returncode == 0, done.stderr
+    assert report[0].startswith("allreduce #3 on world"), report
+    assert report[-1] == "the job goes on (HPCPAR_WATCHDOG_ACTION=report)"
+    assert done.stdout.count("finished") == 2
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("HPCPAR_WATCHDOG", "soon", "HPCPAR_WATCHDOG='soon': expected a number of seconds"),
+    ("HPCPAR_WATCHDOG_ACTION", "reboot", "HPCPAR_WATCHDOG_ACTION='reboot': expected abort"),
+])  # fmt: skip
+def test_bad_settings_are_one_line_and_status_2(variable, value, message):
+    env = {"HPCPAR_WATCHDOG": "5", variable: value}
+    done = hpcpar("launch", "-n", "2", "--timeout", "60", "--", "info", env=clean_env(**env))
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_bad_settings_inside_a_job_started_by_hand_are_one_line_on_every_rank():
+    from hpcpar.launcher import plan_launch
+
+    mpiexec = plan_launch(2, ["info"], known_commands=["info"]).argv[0]
+    env = clean_env(HPCPAR_WATCHDOG="-1")
+    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "hpcpar", "info"],
+                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "hpcpar: error: HPCPAR_WATCHDOG='-1': expected a number of seconds above 0"
+    ), done.stderr
