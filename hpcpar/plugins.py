@@ -52,6 +52,7 @@ CORE_MODULES = (
     "hpcpar.cli.jobs",
     "hpcpar.cli.experiment",
     "hpcpar.cli.tour",
+    "hpcpar.cli.trace",
     "hpcpar.bench.command",
     "hpcpar.bench.allreduce_mpi",
     "hpcpar.bench.collectives",

@@ -18,7 +18,7 @@ from mpi4py import MPI
 from ..runtime.env import RAW_ENVIRON, TRUE_WORDS
 from ..runtime.flight import LAST as _RUN
 from ..runtime.flight import RECORDING as _FLIGHT_ON
-from ..runtime.flight import fast_entry
+from ..runtime.flight import TRACING, fast_entry
 from ..runtime.orphans import ADOPTED, progress_adopted
 from . import mpi_library
 from .channel import LAST_CALL
@@ -102,8 +102,12 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
 
 
 def _decide(state: Any, x: np.ndarray, op: Any, algorithm: str) -> Any:
-    """The library's op for this call if it is the library's call, else None."""
-    if not isinstance(op, MPI.Op):
+    """The library's op for this call if it is the library's call, else None.
+
+    None also while tracing (``HPCPAR_TRACE``): the general path records each call's
+    start and end.
+    """
+    if not isinstance(op, MPI.Op) or TRACING:
         return None
     if algorithm == "auto":
         chosen = choose("allreduce", "auto", None, state, x.nbytes, x.itemsize)[0].name

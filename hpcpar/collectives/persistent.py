@@ -96,7 +96,12 @@ class PersistentAllreduce:
     def _record(self, seq: int) -> None:
         """The flight record: successive starts of this allreduce are one entry."""
         entry = self._entry
-        if entry is not None and flight.LAST[1] is entry and entry[SEQ] + entry[CALLS] == seq:
+        if (
+            not flight.TRACING
+            and entry is not None
+            and flight.LAST[1] is entry
+            and entry[SEQ] + entry[CALLS] == seq
+        ):
             entry[CALLS] += 1
             flight.CURRENT[0] = entry
             return
@@ -113,6 +118,7 @@ class PersistentAllreduce:
         if self._request is not None:
             flight.CURRENT[0] = self._entry
             self._request.Wait()
+        flight.finish(self._entry)
         note_library_call("allreduce", self.out.nbytes)
         return self.out
 

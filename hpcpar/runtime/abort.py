@@ -41,6 +41,9 @@ def abort_job(code: int = 1) -> None:
     """Abort every rank of ``COMM_WORLD`` with ``code`` (flushes stdio first)."""
     from mpi4py import MPI
 
+    from .trace import dump
+
+    dump(final=True)  # this rank's flight record, when HPCPAR_TRACE asks for it
     sys.stdout.flush()
     sys.stderr.flush()
     MPI.COMM_WORLD.Abort(code)

@@ -10,6 +10,7 @@ from mpi4py import MPI
 from ..errors import CommunicatorError
 from .abort import install_excepthook
 from .exits import mark_started
+from .trace import arm as arm_trace
 from .watchdog import start_from_env as start_watchdog
 
 __all__ = ["default_comm", "idle_barrier", "resolve_comm", "world_rank_size"]
@@ -35,6 +36,7 @@ def default_comm() -> MPI.Intracomm:
             comm = MPI.COMM_WORLD.Dup()
             comm.Set_name("hpcpar")
             mark_started(MPI.COMM_WORLD.Get_rank())
+            arm_trace(MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
             start_watchdog(comm)  # when HPCPAR_WATCHDOG asks for one
             _default = comm
         return _default

@@ -42,10 +42,13 @@ __all__ = [
     "clear",
     "FIELDS",
     "RECORDING",
+    "TRACING",
     "CALLS",
 ]
 
-SLOTS = 512  # entries kept per rank (a power of two)
+# HPCPAR_TRACE (hpcpar.runtime.trace): every call its own entry, many more kept
+TRACING = bool(os.environ.get("HPCPAR_TRACE", "").strip())
+SLOTS = 1 << 16 if TRACING else 512  # entries kept per rank (a power of two)
 _MASK = SLOTS - 1
 
 # An entry is a list (cheaper to make and update than an object), indexed by:
@@ -147,7 +150,7 @@ def enter(
         return None
     key = (comm, operation, algorithm, count, dtype, op, root)
     last = LAST[1]
-    if last is not None and LAST[0] == key and last[SEQ] + last[CALLS] == seq:
+    if not TRACING and last is not None and LAST[0] == key and last[SEQ] + last[CALLS] == seq:
         last[CALLS] += 1
         CURRENT[0] = last
         return last
@@ -237,6 +240,18 @@ def _name(value: Any) -> Any:
     return str(value)
 
 
+def _dtype_name(value: Any) -> Any:
+    """``float64`` for a dtype or its code (``<f8``); other values as ``_name`` gives them."""
+    if isinstance(value, str) and value[:1] in "<>|=":
+        import numpy as np
+
+        try:
+            return np.dtype(value).name
+        except TypeError:
+            return value
+    return _name(value)
+
+
 def snapshot() -> list[dict[str, Any]]:
     """The ring's entries, oldest first, as plain dictionaries (JSON-able).
 
@@ -251,6 +266,7 @@ def snapshot() -> list[dict[str, Any]]:
     for i, entry in enumerate(entries):
         record = {key: _name(value) for key, value in zip(FIELDS, entry, strict=False)}
         record["site"] = site_text(entry[SITE])
+        record["dtype"] = _dtype_name(entry[DTYPE])
         record["current"] = entry is CURRENT[0]
         if entry[CALLS] is None:  # a fast-path run: up to the next call on its communicator
             later = next((e[SEQ] for e in entries[i + 1 :] if e[COMM] == entry[COMM]), None)

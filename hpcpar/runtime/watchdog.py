@@ -377,6 +377,9 @@ def _frame_text(frame: Any) -> str:
 
 
 def _exit() -> None:
+    from .trace import dump
+
+    dump(final=True)  # this rank's flight record, when HPCPAR_TRACE asks for it
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_STATUS)
@@ -477,6 +480,9 @@ class _Coordinator(threading.Thread):
         self.gather_details()
         _print(self.report(waiting))
         if self.action == "abort":
+            from .trace import dump
+
+            dump(final=True)  # before the others leave: the MPI launcher may end this rank
             for rank, link in list(self.links.items()):
                 if rank != 0:
                     _send(link, {"cmd": "abort"})

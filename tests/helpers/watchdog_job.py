@@ -66,6 +66,11 @@ def main() -> None:
         if rank == last:
             time.sleep(float(sys.argv[2]))
         hpcpar.allreduce(np.ones(3))
+    elif mode == "slow":  # the last rank starts every collective late
+        for _ in range(20):
+            if rank == last:
+                time.sleep(float(sys.argv[2]))
+            hpcpar.allreduce(np.ones(3))
     elif mode == "mpi4py":  # the MPI library called directly
         x, y = np.ones(4), np.empty(4)
         if rank == last:

@@ -147,6 +147,31 @@ def test_a_profile_that_is_any_json(tmp_path_factory, doc):
     refused_cleanly(load_profile, path)
 
 
+_TRACE_ENTRY = {
+    "comm": "world", "seq": 0, "operation": "allreduce", "algorithm": "mpi", "count": 3,
+    "dtype": "float64", "op": "SUM", "root": None, "site": "x.py:1 in f", "start": 1.0,
+    "end": 2.0, "calls": 1,
+}  # fmt: skip
+
+
+@READER_EXAMPLES
+@given(JSON, st.sampled_from(sorted(_TRACE_ENTRY)), JSON)
+def test_a_trace_file_that_is_any_json_or_has_a_crafted_field(tmp_path_factory, doc, field, value):
+    from hpcpar.runtime import trace
+
+    folder = tmp_path_factory.mktemp("trace")
+    (folder / "rank0.json").write_text(json.dumps(doc))
+    refused_cleanly(trace.load, folder)
+    entry = {**_TRACE_ENTRY, field: value}
+    good = {"format": "hpcpar-trace", "version": 1, "rank": 0, "host": "h", "entries": [entry]}
+    (folder / "rank0.json").write_text(json.dumps(good))
+    with contextlib.suppress(HpcparError):
+        loaded = trace.load(folder)
+        trace.first_divergence(loaded)  # what a trace that loads goes through
+        trace.slow_ranks(loaded)
+        trace.chrome_trace(loaded)
+
+
 @READER_EXAMPLES
 @given(JSON)
 def test_a_rules_file_that_is_any_json(tmp_path_factory, doc):
