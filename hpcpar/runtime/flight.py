@@ -139,12 +139,15 @@ def enter(
     op: Any = None,
     root: Any = None,
     depth: int = 1,
+    current: bool = True,
 ) -> list[Any] | None:
     """Record the start of a call; returns its entry (for ``finish``), or None when off.
 
     The same call as the last one recorded, next in its communicator's sequence, adds
     to that entry's ``calls`` instead of making a new one. ``depth``: how many frames
     between this function and the user's are hpcpar's for certain (1: the caller).
+    ``current``: the rank's own thread makes the call (``CURRENT`` follows it), not a
+    background one.
     """
     if not RECORDING[0]:
         return None
@@ -152,14 +155,16 @@ def enter(
     last = LAST[1]
     if not TRACING and last is not None and LAST[0] == key and last[SEQ] + last[CALLS] == seq:
         last[CALLS] += 1
-        CURRENT[0] = last
+        if current:
+            CURRENT[0] = last
         return last
     entry = [comm, seq, operation, algorithm, count, dtype, op, root, call_site(depth + 2),
              time.time(), None, 1]  # fmt: skip
     RING[AT[0] & _MASK] = entry
     AT[0] += 1
     LAST[0], LAST[1] = key, entry
-    CURRENT[0] = entry
+    if current:
+        CURRENT[0] = entry
     return entry
 
 
@@ -210,11 +215,8 @@ def point(
     seq = _COUNTS.get(channel, 0)
     _COUNTS[channel] = seq + 1
     count = getattr(data, "size", data)
-    entry = enter(channel, seq, operation, "", count, getattr(data, "dtype", None), None, peer,
-                  depth + 1)  # fmt: skip
-    if current:
-        CURRENT[0] = entry
-    return entry
+    return enter(channel, seq, operation, "", count, getattr(data, "dtype", None), None, peer,
+                 depth + 1, current)  # fmt: skip
 
 
 def leave(entry: list[Any] | None) -> None:

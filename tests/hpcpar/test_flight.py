@@ -153,3 +153,12 @@ def test_persistent_starts_are_one_entry_and_keep_the_sequence(comm, fresh):
         assert len(persistent) == 1 and persistent[0]["calls"] == 3, mine
     for before, after in itertools.pairwise(mine):
         assert after["seq"] == before["seq"] + before["calls"], mine
+
+
+def test_a_background_phase_does_not_become_the_current_call(comm, fresh):
+    hpcpar.bcast(np.ones(2), root=0, comm=comm)
+    mine = flight.CURRENT[0]
+    assert mine is not None and mine[flight.OPERATION] == "bcast"
+    flight.finish(flight.point("checkpoint commit local", "checkpoint", None, 3, current=False))
+    assert flight.CURRENT[0] is mine
+    assert flight.snapshot()[-1]["operation"] == "checkpoint commit local"
