@@ -59,6 +59,7 @@ CORE_MODULES = (
     "hpcpar.bench.datatypes",
     "hpcpar.bench.checkpoint",
     "hpcpar.bench.flight",
+    "hpcpar.bench.soak",
 )
 
 

@@ -331,3 +331,27 @@ def test_cache_lines_a_layout_reads_against_a_brute_force_count():
                     touched.update(range(s // LINE, (s + k.size - 1) // LINE + 1))
             assert lines_read(kernels, address) == len(touched), (dt, address)
         dt.Free()
+
+
+@pytest.mark.mpi
+def test_soak_checks_every_random_collective_and_memory(comm, tmp_path, capsys):
+    prefix = comm.bcast(str(tmp_path / "soak"), root=0)
+    status = main(["bench", "soak", "--calls", "150", "--max-count", "64", "--output", prefix])
+    assert_all(status == 0, "soak found a wrong result or memory growth", comm)
+    if comm.Get_rank() == 0:
+        rows = json.loads(open(prefix + ".json").read())["results"]
+        from hpcpar.bench.soak import COLLECTIVES
+
+        assert {r["variant"] for r in rows} == set(COLLECTIVES)
+        assert sum(r["iterations"] for r in rows) == 150 and all(r["valid"] for r in rows)
+        assert f"results wrong: 0 of {150 * comm.Get_size()}" in capsys.readouterr().out
+
+
+@pytest.mark.mpi
+def test_a_wrong_result_fails_the_soak(comm, monkeypatch, tmp_path):
+    from hpcpar.bench import soak
+
+    real = soak._right
+    monkeypatch.setattr(soak, "_right", lambda d, got, c: real(d, got, c) and d.i != 7)
+    status = main(["bench", "soak", "--calls", "20", "--max-count", "8"])
+    assert_all(status == 1, "a wrong result must fail the soak", comm)
