@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -117,6 +118,8 @@ def test(pytest_args: list[str], quick: bool = False) -> None:
     _run(PY, "-m", "ruff", "check", ".")
     _run(PY, "-m", "ruff", "format", "--check", ".")
     serial, under_mpi = (["-m", "not slow"], "mpi and not slow") if quick else ([], "mpi")
+    tally = tempfile.mkdtemp(prefix="hpcpar-reliability-")  # each session's figures
+    os.environ["HPCPAR_RELIABILITY_DIR"] = tally
     _run(PY, "-m", "pytest", "--with-mpi", *serial, *pytest_args, timeout=JOB_TIMEOUT_S)
     for ranks in RANKS_UNDER_MPI[:1] if quick else RANKS_UNDER_MPI:
         _run(
@@ -138,6 +141,13 @@ def test(pytest_args: list[str], quick: bool = False) -> None:
             env=_mpi_env(),
         )
     _say(f"all tests passed in {time.monotonic() - started:.0f} s")
+    sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+    from reliability import total
+
+    figures = total(Path(tally))
+    if figures:
+        _say(f"reliability, all sessions: {figures}")
+    shutil.rmtree(tally, ignore_errors=True)
 
 
 def main() -> None:

@@ -237,21 +237,21 @@ def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
 
     The job runs in its own process group; when ``timeout`` seconds pass, or the
     launcher gets SIGINT/SIGTERM, the whole group is killed. A time-out returns 124.
-    A job that ends with status 0 while some rank left without finishing (``os._exit``,
-    a signal) is reported, naming the ranks, and returns ``EARLY_EXIT``
-    (``runtime.exits``).
+    A job where some rank left without finishing (``os._exit``, a signal) and that ends
+    with status 0, or with the signal the MPI launcher then sends the other ranks, is
+    reported, naming those ranks; status 0 becomes ``EARLY_EXIT`` (``runtime.exits``).
     """
     with tempfile.TemporaryDirectory(prefix="hpcpar-exits-") as exits:
         status = _run(plan, timeout, {**os.environ, **plan.env, EXIT_ENV: exits})
         gone = unfinished(Path(exits))
-    if status == 0 and gone:
+    if gone and status in (0, 9, 15, 137, 143):  # 0, or the launcher's kill of the rest
         ranks = format_ranks(gone)
+        status = status or EARLY_EXIT
         sys.stderr.write(
             f"hpcpar launch: rank(s) {ranks} left the job without finishing (os._exit, a "
             f"signal or a crash) while it ran; the other ranks may not have finished their "
-            f"work. Exit status {EARLY_EXIT}\n"
+            f"work. Exit status {status}\n"
         )
-        return EARLY_EXIT
     return status
 
 

@@ -21,6 +21,7 @@ import traceback
 from typing import Any
 
 import pytest
+import reliability
 
 from hpcpar.runtime.env import launcher_rank_size
 
@@ -100,6 +101,7 @@ _lockstep: _Lockstep | None = None
 @pytest.hookimpl(trylast=True)  # after the terminal reporter exists, so it can be removed
 def pytest_configure(config: pytest.Config) -> None:
     global _lockstep, _capture
+    config.pluginmanager.register(reliability.Plugin(_RANK), "hpcpar-reliability")
     if not _UNDER_MPI:
         return
     _capture = config.pluginmanager.getplugin("capturemanager")
@@ -125,6 +127,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
     report = yield
     if _lockstep is not None:
         _lockstep.agree(report)
+    reliability.mark_report(item, report)
     return report
 
 

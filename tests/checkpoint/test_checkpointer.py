@@ -65,6 +65,7 @@ def test_lazy_save_copies_in_the_background(comm, tmp_path):
         assert_all(same(got, state_of(comm.Get_rank(), 5)), "lazy save", comm)
 
 
+@pytest.mark.reliability("fault")
 def test_corruption_and_uncommitted_versions_fall_back(comm, tmp_path):
     rank, size = comm.Get_rank(), comm.Get_size()
     root = shared_dir(comm, tmp_path) / "faults"

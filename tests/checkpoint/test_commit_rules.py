@@ -81,6 +81,7 @@ def test_a_bad_state_on_one_rank_fails_every_rank(comm, tmp_path):
         _raises_everywhere(comm, lambda: ck.save(1, state), f"rank {last}: state key 'x'")
 
 
+@pytest.mark.reliability("fault")
 def test_an_unwritable_commit_marker_fails_every_rank(comm, tmp_path, monkeypatch):
     rank = comm.Get_rank()
     root = shared_dir(comm, tmp_path) / "full"

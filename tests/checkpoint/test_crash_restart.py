@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from launching import clean_env, launch
 
-pytestmark = pytest.mark.slow  # starts whole jobs: left out of dev.py test --quick
+pytestmark = [pytest.mark.slow, pytest.mark.reliability("fault")]  # starts whole jobs
 STEPS = 6
 JOB = str(Path(__file__).parents[1] / "helpers" / "ckpt_job.py")
 sys.path.insert(0, str(Path(JOB).parent))

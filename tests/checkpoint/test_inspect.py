@@ -60,7 +60,8 @@ def test_ls_counts_the_spares_pruned_versions_left(tmp_path, capsys):
     assert f"spares: 1 file(s), {spares[0].stat().st_size} bytes" in out
 
 
-def test_every_truncation_and_flip_is_detected():
+@pytest.mark.reliability("fault")
+def test_every_truncation_and_flip_is_detected(record_property):
     rng = np.random.default_rng(3)
     flat = {"a": rng.standard_normal(50), "b/c": np.arange(7, dtype=np.int16), "n": 3, "s": "x"}
     data = encode_shard(4, 1, flat).join()
@@ -69,6 +70,7 @@ def test_every_truncation_and_flip_is_detected():
     assert back["n"] == 3 and back["s"] == "x" and back["b/c"].dtype == np.int16
     from hpcpar.checkpoint import CheckpointError
 
+    record_property("reliability_cases", len(range(0, data.size, 7)) + data.size)
     for cut in range(0, data.size, 7):
         with pytest.raises(CheckpointError):
             decode_shard(data[:cut].copy(), 4, 1)

@@ -64,6 +64,7 @@ def check(comm, got_step, got, expect_step, served, expect_served):
     assert_all(served == expect_served, f"served by {served}, expected {expect_served}", comm)
 
 
+@pytest.mark.reliability("fault")
 @needs_nodes
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_lost_node_is_served_by_partner_copies(comm, tmp_path, layout):
@@ -77,6 +78,7 @@ def test_lost_node_is_served_by_partner_copies(comm, tmp_path, layout):
         check(comm, step, got, 3, served, expect)
 
 
+@pytest.mark.reliability("fault")
 @needs_nodes
 @pytest.mark.parametrize("layout", XOR_LAYOUTS)
 def test_lost_node_is_rebuilt_from_xor_parity(comm, tmp_path, layout):
@@ -110,6 +112,7 @@ def test_xor_rebuilds_in_pieces_and_from_parity_of_odd_chunks(
         check(comm, step, got, 3, served, expect)
 
 
+@pytest.mark.reliability("fault")
 @needs_nodes
 def test_a_rebuild_that_fails_its_checks_is_refused_on_every_rank(comm, tmp_path, monkeypatch):
     from hpcpar.checkpoint.levels import xor
@@ -131,6 +134,7 @@ def test_a_rebuild_that_fails_its_checks_is_refused_on_every_rank(comm, tmp_path
             restore(root, h, ["local", "xor"])
 
 
+@pytest.mark.reliability("fault")
 @needs_nodes
 @pytest.mark.parametrize("layout", XOR_LAYOUTS)
 def test_two_lost_nodes_of_one_xor_group_fall_to_hdf5(comm, tmp_path, layout):
@@ -178,6 +182,7 @@ def test_xor_refuses_a_layout_it_cannot_protect(comm, tmp_path):
         Checkpointer(root, comm=h, levels=["local", "xor"])
 
 
+@pytest.mark.reliability("fault")
 @needs_nodes
 @pytest.mark.parametrize("fault", ["flip", "truncate"])
 def test_damaged_shard_is_served_by_the_next_level(comm, tmp_path, fault):
@@ -222,6 +227,7 @@ def test_every_rank_is_served_by_its_partner_copy_at_once(comm, tmp_path, monkey
         assert_all(served == ["partner"] * size, f"served by {served}", comm)
 
 
+@pytest.mark.reliability("fault")
 @needs_nodes
 def test_damage_everywhere_falls_back_to_an_older_version(comm, tmp_path):
     size = comm.Get_size()
@@ -239,6 +245,7 @@ def test_damage_everywhere_falls_back_to_an_older_version(comm, tmp_path):
         check(comm, step, got, 2, served, ["local"] * size)
 
 
+@pytest.mark.reliability("fault")
 @needs_nodes
 def test_enospc_on_one_rank_commits_nothing_there_and_loses_nothing(comm, tmp_path):
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -259,6 +266,7 @@ def test_enospc_on_one_rank_commits_nothing_there_and_loses_nothing(comm, tmp_pa
         check(comm, step, got, 1, served, ["local"] * size)
 
 
+@pytest.mark.reliability("fault")
 @needs_nodes
 @pytest.mark.parametrize("first", ["partner", "local"])  # own write fails / the copy's does
 def test_enospc_at_the_partner_level_fails_it_without_a_hang(comm, tmp_path, monkeypatch, first):

@@ -20,6 +20,7 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "error:" in line]
 
 
+@pytest.mark.reliability("bad_input")
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
@@ -43,6 +44,7 @@ def test_bad_input_exits_2_on_every_rank_with_one_line(tmp_path, args, env, mess
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.reliability("bad_input")
 @pytest.mark.parametrize(
     ("args", "message"),
     [

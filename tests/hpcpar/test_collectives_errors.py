@@ -14,6 +14,7 @@ from hpcpar.testing import assert_all
 pytestmark = pytest.mark.mpi
 
 
+@pytest.mark.reliability("bad_input")
 def test_unknown_algorithm_lists_the_valid_ones(comm):
     with pytest.raises(CollectiveError) as info:
         hpcpar.allreduce(np.ones(3), algorithm="butterfly")
@@ -23,6 +24,7 @@ def test_unknown_algorithm_lists_the_valid_ones(comm):
         hpcpar.bcast(np.ones(3), algorithm="ring")
 
 
+@pytest.mark.reliability("bad_input")
 def test_non_commutative_op_refuses_reordering_algorithms(comm):
     x = contribution(comm.Get_rank(), 4, [("m", "f8"), ("c", "f8")])
     for algorithm in ("ring", "multi_leader"):
@@ -40,6 +42,7 @@ def test_non_commutative_with_roundrobin_layout(comm):
     h.free()
 
 
+@pytest.mark.reliability("bad_input")
 @pytest.mark.parametrize("root", [-1, 99, 1.5, "0"])
 def test_bad_root(comm, root):
     with pytest.raises(CollectiveError, match="root must be a rank"):
@@ -48,6 +51,7 @@ def test_bad_root(comm, root):
         hpcpar.reduce(np.ones(2), root)
 
 
+@pytest.mark.reliability("bad_input")
 def test_bad_buffers_and_counts(comm):
     size = comm.Get_size()
     with pytest.raises(CollectiveError, match="shape"):
@@ -73,6 +77,7 @@ def test_bad_buffers_and_counts(comm):
         hpcpar.allreduce(np.ones(3, complex), MPI.MAX)
 
 
+@pytest.mark.reliability("bad_input")
 def test_check_mode_names_the_ranks_that_differ(comm, monkeypatch):
     if comm.Get_size() < 2:
         pytest.skip("needs two ranks to disagree")
@@ -92,6 +97,7 @@ def test_check_mode_names_the_ranks_that_differ(comm, monkeypatch):
     assert_all(hpcpar.allreduce(np.ones(2))[0] == comm.Get_size(), "checked call", comm)
 
 
+@pytest.mark.reliability("bad_input")
 def test_check_mode_compares_the_algorithm_that_runs(comm, monkeypatch):
     """A per-rank HPCPAR_ALGORITHM_ALLREDUCE makes ``auto`` differ: named, not a hang."""
     if comm.Get_size() < 2:
@@ -111,6 +117,7 @@ def test_check_mode_compares_the_algorithm_that_runs(comm, monkeypatch):
     assert_all(hpcpar.allreduce(np.ones(2))[0] == comm.Get_size(), "checked call", comm)
 
 
+@pytest.mark.reliability("bad_input")
 def test_ranks_started_with_different_algorithm_settings_fail_at_once(comm, tmp_path, monkeypatch):
     """Without HPCPAR_CHECK: a per-rank algorithm variable or profile is found when hpcpar
     first uses a communicator, on every rank, instead of a hang or wrong results."""

@@ -105,6 +105,7 @@ def test_every_numeric_option_is_range_checked():
                 action.type(bad)
 
 
+@pytest.mark.reliability("bad_input")
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -126,6 +127,7 @@ def test_bad_numbers_are_one_line_errors(argv, message, capsys):
     assert len(err) == 1 and message in err[0], err
 
 
+@pytest.mark.reliability("bad_input")
 def test_outputs_that_cannot_be_written_are_refused_before_the_work(tmp_path, capsys):
     from hpcpar.cli.main import main
     from hpcpar.runtime.results import ResultsError, atomic_write

@@ -80,6 +80,7 @@ def test_clocks_of_other_hosts_are_aligned_on_the_ends_of_collectives(tmp_path):
         "rank 0", "rank 1", "rank 2"}  # fmt: skip
 
 
+@pytest.mark.reliability("bad_input")
 @pytest.mark.parametrize(("content", "message"), [
     ("{", "not a trace file"),
     ('{"format": "other"}', "not an hpcpar trace file"),

@@ -17,6 +17,14 @@ pytestmark = pytest.mark.slow
 
 JOB = str(Path(__file__).parent.parent / "helpers" / "watchdog_job.py")
 LIMIT = 3.0
+_RECORD: list = []
+
+
+@pytest.fixture(autouse=True)
+def _record(record_property):
+    _RECORD[:] = [record_property]  # run() notes each hang's time to report
+    yield
+    _RECORD.clear()
 
 
 def run(ranks: int, mode: str, *args: str, limit: float = LIMIT, **env: str):
@@ -29,6 +37,8 @@ def run(ranks: int, mode: str, *args: str, limit: float = LIMIT, **env: str):
     hang = re.search(r"hang from ([0-9.]+)", done.stdout)
     waited = ended - float(hang.group(1)) if hang else None
     assert ended - started < 90, done.stderr
+    if waited is not None and report and _RECORD:
+        _RECORD[0]("time_to_report", round(waited, 2))
     return done, report, waited
 
 
@@ -36,6 +46,7 @@ def _ranks(report: list[str], pattern: str) -> str:
     return "\n".join(line for line in report if re.search(pattern, line))
 
 
+@pytest.mark.reliability("hang")
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_a_rank_that_never_joins_an_allreduce_is_named_with_its_function(ranks):
     done, report, waited = run(ranks, "allreduce")
@@ -54,6 +65,7 @@ def test_a_rank_that_never_joins_an_allreduce_is_named_with_its_function(ranks):
     assert waited is not None and waited < 2 * LIMIT + 2, (waited, report)
 
 
+@pytest.mark.reliability("hang")
 @pytest.mark.parametrize(("ranks", "mode", "operation"), [
     (2, "barrier", "barrier #3 on world (mpi)"),
     (3, "checkpoint", "checkpoint save #0 on checkpoint"),
@@ -66,6 +78,7 @@ def test_barriers_and_checkpoint_saves_are_watched_too(ranks, mode, operation):
     assert waited is not None and waited < 2 * LIMIT + 2, (waited, report)
 
 
+@pytest.mark.reliability("hang")
 def test_a_rank_that_exits_before_a_collective_is_reported():
     done, report, waited = run(3, "exit")
     assert done.returncode == 4, done.stderr
@@ -75,14 +88,17 @@ def test_a_rank_that_exits_before_a_collective_is_reported():
     assert waited is not None and waited < 2 * LIMIT + 2, (waited, report)
 
 
+@pytest.mark.reliability("hang")
 def test_a_rank_that_leaves_with_os_exit_ends_the_job_at_once_and_is_named():
     # MPICH's launcher ends the job when a rank leaves without finalizing MPI, before any
-    # wait reaches the limit; hpcpar launch then names the ranks and exits 3
+    # wait reaches the limit (with status 0, or that of the kill it sends the others);
+    # hpcpar launch then names the ranks, and exits 3 where the launcher said 0
     done, report, _ = run(3, "os_exit")
-    assert done.returncode == 3, done.stderr
+    assert done.returncode in (3, 9, 15), done.stderr
     assert "left the job without finishing" in done.stderr and report == [], done.stderr
 
 
+@pytest.mark.reliability("hang")
 def test_ranks_in_different_collectives_at_one_sequence_number_are_a_mismatch():
     done, report, _ = run(3, "mismatch")
     assert done.returncode == 4, done.stderr
@@ -91,6 +107,7 @@ def test_ranks_in_different_collectives_at_one_sequence_number_are_a_mismatch():
     assert "rank(s) 1,2 called bcast (mpi, count 5, float64, root/peer 0)" in mismatch, report
 
 
+@pytest.mark.reliability("hang")
 def test_the_mpi_library_called_directly_is_watched():
     done, report, _ = run(2, "mpi4py")
     assert done.returncode == 4, done.stderr
@@ -112,6 +129,7 @@ def test_report_only_lets_a_late_rank_finish():
     assert done.stdout.count("finished") == 2
 
 
+@pytest.mark.reliability("bad_input")
 @pytest.mark.parametrize(("variable", "value", "message"), [
     ("HPCPAR_WATCHDOG", "soon", "HPCPAR_WATCHDOG='soon': expected a number of seconds"),
     ("HPCPAR_WATCHDOG_ACTION", "reboot", "HPCPAR_WATCHDOG_ACTION='reboot': expected abort"),
@@ -124,6 +142,7 @@ def test_bad_settings_are_one_line_and_status_2(variable, value, message):
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.reliability("bad_input")
 def test_bad_settings_inside_a_job_started_by_hand_are_one_line_on_every_rank():
     from hpcpar.launcher import plan_launch
 

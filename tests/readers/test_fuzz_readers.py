@@ -36,6 +36,16 @@ JSON = st.recursive(
 )
 
 
+pytestmark = pytest.mark.reliability("bad_input")
+
+
+@pytest.fixture(autouse=True)
+def _cases(request, record_property):
+    """Each property tries EXAMPLES inputs (the pickle test, a handful)."""
+    if hasattr(request.function, "hypothesis"):
+        record_property("reliability_cases", EXAMPLES)
+
+
 def refused_cleanly(read, *args) -> None:
     """``read(*args)`` returns, or raises an HpcparError; anything else fails the test."""
     with contextlib.suppress(HpcparError):
