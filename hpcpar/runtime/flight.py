@@ -254,15 +254,16 @@ def _dtype_name(value: Any) -> Any:
     return _name(value)
 
 
-def snapshot() -> list[dict[str, Any]]:
-    """The ring's entries, oldest first, as plain dictionaries (JSON-able).
+def snapshot(last: int | None = None) -> list[dict[str, Any]]:
+    """The ring's entries (the ``last`` ones), oldest first, as plain dictionaries.
 
     A run of identical calls has ``calls`` > 1: its ``seq`` is the first call's and the
     last one's is ``seq + calls - 1``; its ``end`` is None (the run's calls end when
     the next entry starts).
     """
     made = AT[0]
-    entries = [RING[i & _MASK] for i in range(max(0, made - SLOTS), made)]
+    keep = SLOTS if last is None else min(SLOTS, max(0, last))
+    entries = [RING[i & _MASK] for i in range(max(0, made - keep), made)]
     entries = [e for e in entries if e is not None]
     out = []
     for i, entry in enumerate(entries):

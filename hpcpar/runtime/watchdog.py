@@ -18,7 +18,9 @@ the ranks that left the job (normally, or without finishing), and ranks whose re
 differ at one sequence number (a mismatch). Then every rank exits with status
 ``EXIT_STATUS``, or with ``HPCPAR_WATCHDOG_ACTION=report`` the job goes on (a hang that
 changes is reported again). A rank that loses rank 0 reports its own state when it
-waits past the limit.
+waits past the limit. While the job is traced (``HPCPAR_TRACE``, every call its own
+entry), rank 0 also names, once, a rank that arrives late at the collectives again and
+again (``trace.slow_ranks`` over the last ``SLOW_WINDOW`` collectives).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ ACTION_ENV = "HPCPAR_WATCHDOG_ACTION"
 EXIT_STATUS = 4  # every rank's status when the watchdog ends a hung job
 _DETAIL_WAIT_S = 3.0  # how long rank 0 waits for the ranks' stacks
 _CONNECT_S = 30.0  # how long a rank tries to reach rank 0 at start
+SLOW_WINDOW = 50  # collectives the live slow-rank warning looks at (with HPCPAR_TRACE)
 _HPCPAR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OURS = (_HPCPAR + os.sep, os.path.join(os.path.dirname(_HPCPAR), "checkpoint") + os.sep)
 _THIS_FILE = os.path.abspath(__file__)
@@ -264,6 +267,7 @@ class _Monitor(threading.Thread):
         self.lost = False
         self.reported: tuple[Any, ...] | None = None
         self.lock = threading.Lock()
+        self.host = socket.gethostname()
 
     def frame(self) -> Any:
         return sys._current_frames().get(self.main) if self.main is not None else None
@@ -280,7 +284,7 @@ class _Monitor(threading.Thread):
             self.key = None
         elif key != self.key:
             self.key, self.since = key, now
-        return {
+        status = {
             "rank": self.rank,
             "blocked": how,
             "waited": now - self.since if how else 0.0,
@@ -289,11 +293,17 @@ class _Monitor(threading.Thread):
             "at": _frame_text(frame),
             "from": _frame_text(_user_frame(frame)),
         }
+        if flight.TRACING:  # every call has its own entry: rank 0 can watch arrival lags
+            recent = flight.snapshot(last=2 * SLOW_WINDOW)
+            for e in recent:
+                e["host"] = self.host
+            status["recent"] = recent
+        return status
 
     def detail(self) -> dict[str, Any]:
         frame = self.frame()
         stack = _stack_text(frame)
-        return {"rank": self.rank, "stack": stack, "recent": flight.snapshot()[-6:]}
+        return {"rank": self.rank, "stack": stack, "recent": flight.snapshot(last=6)}
 
     def run(self) -> None:
         self.link.setblocking(False)
@@ -426,6 +436,7 @@ class _Coordinator(threading.Thread):
         self.gone: dict[int, str] = {}
         self.details: dict[int, dict[str, Any]] = {}
         self.reported: Any = None
+        self.warned: set[int] = set()  # ranks already named as slow
 
     def run(self) -> None:
         self.server.setblocking(False)
@@ -466,6 +477,7 @@ class _Coordinator(threading.Thread):
                 self.gone[rank] = "exited normally (end of the program or sys.exit)"
 
     def check(self) -> None:
+        self.watch_lags()
         waiting = {
             r: s
             for r, s in self.status.items()
@@ -494,6 +506,22 @@ class _Coordinator(threading.Thread):
                     if key.data is not None:
                         self.receive(key.data)
             _exit()
+
+    def watch_lags(self) -> None:
+        """Name, once, a rank that arrives late at collectives again and again (tracing)."""
+        recent = {r: s["recent"] for r, s in self.status.items() if s.get("recent")}
+        if len(recent) < 2 or len(recent) < len(self.status):
+            return
+        from .trace import slow_ranks
+
+        for slow in slow_ranks(recent, window=SLOW_WINDOW)[0]:
+            if slow["rank"] not in self.warned:
+                self.warned.add(slow["rank"])
+                _print(
+                    f"rank {slow['rank']} arrives {slow['lag'] * 1e3:.1f} ms after the first "
+                    f"rank at its collectives (median of the last {slow['calls']}; most often "
+                    f"late at {slow['operation']}): the others wait for it"
+                )
 
     def gather_details(self) -> None:
         """Ask every rank for its stack and last calls; wait a little for the answers."""

@@ -127,3 +127,14 @@ def test_a_job_the_watchdog_ends_leaves_its_trace_with_the_divergence(tmp_path):
         "first divergence: world #3: rank(s) 0 called allreduce (mpi, count 3, float64); "
         "rank(s) 1,2 called bcast (mpi, count 5, float64, root 0)"
     ) in shown.stdout, shown.stdout
+
+
+@pytest.mark.slow
+def test_the_watchdog_warns_live_about_a_rank_that_arrives_late_while_tracing(tmp_path):
+    job = hpcpar("launch", "-n", "3", "--timeout", "90", "--watchdog", "30", "--", JOB, "slow",
+                 "0.2", env=clean_env(HPCPAR_TRACE=str(tmp_path / "t")), timeout=120)  # fmt: skip
+    assert job.returncode == 0, job.stderr
+    warnings = [line for line in job.stderr.splitlines() if line.startswith("hpcpar watchdog:")]
+    assert len(warnings) == 1, job.stderr
+    assert warnings[0].startswith("hpcpar watchdog: rank 2 arrives "), warnings
+    assert "the others wait for it" in warnings[0]
