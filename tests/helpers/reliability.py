@@ -60,8 +60,10 @@ class Plugin:
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "call" and not (report.when == "setup" and report.failed):
-            return
+        if report.skipped or (
+            report.when != "call" and not (report.when == "setup" and report.failed)
+        ):
+            return  # (a test skipped at this rank count tried nothing)
         kind = getattr(report, "reliability_kind", None)
         if kind is None:
             return
