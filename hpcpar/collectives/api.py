@@ -61,7 +61,7 @@ class _Pending:
 
 def _complete(prepare: Callable[..., _Pending], *args: Any) -> Any:
     pending = prepare(*args, blocking=True)
-    return pending.finish(run(pending.schedule))
+    return pending.finish(run(pending.schedule, pending.name.removeprefix("i")))
 
 
 def _request(prepare: Callable[..., _Pending], *args: Any) -> CollectiveRequest:

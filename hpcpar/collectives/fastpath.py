@@ -22,6 +22,7 @@ from ..runtime.flight import TRACING, fast_entry
 from ..runtime.orphans import ADOPTED, progress_adopted
 from . import mpi_library
 from .channel import LAST_CALL
+from .errors import explain_mpi_error
 from .registry import LIBRARY
 from .select import choose
 from .state import fast_state
@@ -93,10 +94,13 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
     if _FLIGHT_ON[0] and _RUN[0] is not decided:  # the flight record: a run is one entry
         fast_entry(decided, state, "allreduce", x, op)
     state._sequence += 1  # state.next_tag() without computing the tag it does not use
-    if out is x:
-        state.private.Allreduce(_IN_PLACE, out, mpi_op)
-    else:
-        state.private.Allreduce(x, out, mpi_op)
+    try:
+        if out is x:
+            state.private.Allreduce(_IN_PLACE, out, mpi_op)
+        else:
+            state.private.Allreduce(x, out, mpi_op)
+    except MPI.Exception as exc:  # (free unless raised)
+        raise explain_mpi_error(exc, "allreduce") from None
     LAST_CALL[0] = ("allreduce", x.nbytes)  # note_library_call, inlined
     return out
 

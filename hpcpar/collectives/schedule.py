@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 from ..runtime import flight
 from ..runtime.orphans import adopt, progress_adopted
+from .errors import explain_mpi_error
 
 __all__ = ["Schedule", "run", "concurrently", "CollectiveRequest", "PendingRequestWarning"]
 
@@ -31,8 +32,12 @@ class PendingRequestWarning(RuntimeWarning):
     """A nonblocking collective was dropped before it completed."""
 
 
-def run(schedule: Schedule) -> Any:
-    """Run a schedule to completion, blocking; return its return value."""
+def run(schedule: Schedule, collective: str = "collective") -> Any:
+    """Run a schedule to completion, blocking; return its return value.
+
+    Raises:
+        CollectiveMismatchError: a message did not fit (ranks passed different counts).
+    """
     try:
         while True:
             requests = next(schedule)
@@ -40,6 +45,8 @@ def run(schedule: Schedule) -> Any:
                 MPI.Request.Waitall(requests)
     except StopIteration as stop:
         return stop.value
+    except MPI.Exception as exc:
+        raise explain_mpi_error(exc, collective) from None
 
 
 def concurrently(*schedules: Schedule) -> Schedule:
@@ -107,10 +114,13 @@ class _Operation:
         entry = getattr(self.finish, "flight", None)
         if entry is not None:
             flight.CURRENT[0] = entry  # this rank now waits in it
-        while not self.done:
-            if self.waiting:
-                MPI.Request.Waitall(self.waiting)
-            self.progress()
+        try:
+            while not self.done:
+                if self.waiting:
+                    MPI.Request.Waitall(self.waiting)
+                self.progress()
+        except MPI.Exception as exc:
+            raise explain_mpi_error(exc, self.name) from None
         return self.result
 
     def describe(self) -> str:

@@ -59,6 +59,9 @@ def main() -> None:
             hpcpar.allreduce(np.ones(3))
         else:
             hpcpar.bcast(np.ones(5), root=0)
+    elif mode == "counts":  # the same collective, a different count on rank 0
+        algorithm = sys.argv[2] if len(sys.argv) > 2 else "auto"
+        hpcpar.allreduce(np.ones(3 if rank == 0 else 5), algorithm=algorithm)
     elif mode == "compute":  # every rank busy longer than the limit: no waiting
         time.sleep(float(sys.argv[2]))
         hpcpar.allreduce(np.ones(3))

@@ -154,3 +154,18 @@ def test_bad_settings_inside_a_job_started_by_hand_are_one_line_on_every_rank():
     assert done.stderr.strip() == (
         "hpcpar: error: HPCPAR_WATCHDOG='-1': expected a number of seconds above 0"
     ), done.stderr
+
+
+@pytest.mark.reliability("bad_input")
+@pytest.mark.parametrize("algorithm", ["auto", "ring"])
+def test_a_count_that_differs_in_one_collective_fails_at_once_instead_of_hanging(algorithm):
+    # the MPI library refuses the longer message (truncation): a CollectiveMismatchError
+    # that aborts the job on the spot, well before the watchdog's limit
+    done, report, waited = run(3, "counts", algorithm, limit=30)
+    assert done.returncode != 0 and report == [], done.stderr
+    assert (
+        "CollectiveMismatchError: allreduce: a message from another rank was longer than "
+        "this rank expected"
+    ) in done.stderr, done.stderr
+    assert "the ranks passed different counts or dtypes; HPCPAR_CHECK=1 names them" in done.stderr
+    assert waited is not None and waited < 20
