@@ -10,6 +10,14 @@ from __future__ import annotations
 from .levels import LEVELS
 from .manager import Checkpointer, SaveHandle
 from .policy import young_daly_interval
-from .state import CheckpointError
+from .state import CheckpointError, Replicated, Sharded
 
-__all__ = ["Checkpointer", "SaveHandle", "CheckpointError", "LEVELS", "young_daly_interval"]
+__all__ = [
+    "Checkpointer",
+    "SaveHandle",
+    "CheckpointError",
+    "Sharded",
+    "Replicated",
+    "LEVELS",
+    "young_daly_interval",
+]

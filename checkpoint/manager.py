@@ -31,10 +31,12 @@ from .faults import Fault, parse_fault
 from .gpu import device_to_host, is_device_array, pinned_empty
 from .levels import LEVELS, Job, Level
 from .lock import DirectoryLock
-from .naming import check_step, parse_marker
+from .naming import check_step, marker_name, parse_marker
 from .policy import check_levels, parse_policy, young_daly_interval
+from .reshard import PER_RANK, LayoutError, restore_resharded
 from .shard import encode_shard, write_atomic
-from .state import CheckpointError, flatten_state, unflatten_state
+from .sharding import check_layouts
+from .state import CheckpointError, flatten_state, layouts_of, unflatten_state
 
 __all__ = ["Checkpointer", "SaveHandle"]
 
@@ -129,10 +131,13 @@ class Checkpointer:
             visible). Without it, a save must be newer than every version already
             committed there (``restore()`` first to continue a run).
 
+    A directory written by a job with another number of ranks is opened as well: its
+    versions restore with ``restore()``, which reshards ``Sharded`` leaves.
+
     Raises:
         CheckpointError: unknown level, bad policy, a layout the partner or xor level
-            cannot protect, a directory written by a job with another number of ranks,
-            or one another job is using (the lock's holder is named).
+            cannot protect, or a directory another job is using (the lock's holder is
+            named).
     """
 
     def __init__(
@@ -181,6 +186,7 @@ class Checkpointer:
             self._discard_above(-1)
         self._buffers = _Buffers()
         self._saves = 0
+        self._layouts_checked = ""  # the last layouts check_layouts accepted
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hpcpar-checkpoint")
         self._last: Future[Any] | None = None  # the whole flush, pruning included
         self._last_commit: Future[Any] | None = None
@@ -234,18 +240,13 @@ class Checkpointer:
                 raise CheckpointError(
                     f"cannot use checkpoint directory {self.root}: {exc}"
                 ) from None
-            if doc is not None and not overwrite:
-                if not isinstance(doc, dict) or doc.get("format") != "hpcpar-checkpoint":
-                    raise CheckpointError(
-                        f"{self.root} holds something that is not an hpcpar checkpoint"
-                    )
-                if doc.get("ranks") != self.size:
-                    raise CheckpointError(
-                        f"{self.root} was written by a job of {doc.get('ranks')} ranks; this "
-                        f"job has {self.size} (restart with the same number of ranks, or "
-                        "overwrite=True to start a new run there)"
-                    )
-            else:
+            if (doc is not None and not overwrite) and (
+                not isinstance(doc, dict) or doc.get("format") != "hpcpar-checkpoint"
+            ):
+                raise CheckpointError(
+                    f"{self.root} holds something that is not an hpcpar checkpoint"
+                )
+            if doc != {"format": "hpcpar-checkpoint", "ranks": self.size}:
                 write_atomic(job, json.dumps({"format": "hpcpar-checkpoint", "ranks": self.size}))
             return -1 if overwrite else max(_every_committed(self.root), default=-1)
 
@@ -304,23 +305,31 @@ class Checkpointer:
             flight.leave(entry)
 
     def _save(self, step: int, state: dict[str, Any], lazy: bool) -> SaveHandle:
-        problem, flat = "", {}
+        problem, flat, described = "", {}, {}
         try:
             step = check_step(step)
             flat = flatten_state(state)
+            described = _describe(flat)
         except CheckpointError as exc:
             problem = f"rank {self.rank}: {exc}"
-        every = self._front.allgather((problem, step if not problem else None))
-        problems = [p for p, _ in every if p]
+        every = self._front.allgather((problem, step if not problem else None, described))
+        problems = [p for p, _, _ in every if p]
         if problems:
             raise CheckpointError(problems[0] + ("" if len(problems) == 1 else " (and others)"))
-        steps = [s for _, s in every]
+        steps = [s for _, s, _ in every]
         if len(set(steps)) > 1:
             groups: dict[int, list[int]] = {}
             for rank, s in enumerate(steps):
                 groups.setdefault(s, []).append(rank)
             detail = "; ".join(f"{s} on rank(s) {_ranks(r)}" for s, r in groups.items())
             raise CheckpointError(f"save: ranks passed different steps: {detail}")
+        layouts = [d for _, _, d in every]
+        key = json.dumps(layouts, sort_keys=True)
+        if key != self._layouts_checked:  # layouts rarely change from one save to the next
+            problem = check_layouts(layouts)
+            if problem:
+                raise CheckpointError(problem)
+            self._layouts_checked = key
         if step <= self._floor:
             raise CheckpointError(
                 f"save: version {step} is not newer than version {self._floor}, already "
@@ -376,7 +385,8 @@ class Checkpointer:
             self._snapshot = (step, copy)
         if not due:
             return [], []
-        shard = encode_shard(step, self.rank, copy)
+        stored = self._stored(copy)
+        shard = encode_shard(step, self.rank, stored)
         written: dict[str, Path] = {}
         failed: list[str] = []
         done: list[Level] = []
@@ -386,7 +396,7 @@ class Checkpointer:
                                  current=False)  # fmt: skip  # (a background thread)
             if self.fault is not None:
                 self.fault.arm_write(step, self.rank, level.name)
-            reason = level.write(step, shard, copy, written)
+            reason = level.write(step, shard, stored, written)
             if self.fault is not None:
                 self.fault.disarm()
             reasons = [r for r in self.comm.allgather(reason) if r]
@@ -408,6 +418,13 @@ class Checkpointer:
                 self.fault.point("after-commit", step, self.rank, level.name)
             done.append(level)
         return done, failed
+
+    def _stored(self, copy: dict[str, Any]) -> dict[str, Any]:
+        """What this rank's files hold: replicated arrays only in rank 0's."""
+        if self.rank == 0:
+            return copy
+        replicated = {n for n, lay in layouts_of(copy).items() if lay.get("kind") == "replicated"}
+        return {k: v for k, v in copy.items() if k not in replicated}
 
     def _mark(self, level: Level, step: int) -> None:
         """Rank 0: the level's last work on a version, then its commit marker."""
@@ -458,32 +475,55 @@ class Checkpointer:
         """Every version committed at some file level, newest first (collective)."""
         return sorted({v for vs in self.committed().values() for v in vs}, reverse=True)
 
-    def restore(self, step: int | None = None) -> tuple[int, dict[str, Any]]:
+    def restore(
+        self, step: int | None = None, *, reshard: Any = None, per_rank: str | None = None
+    ) -> tuple[int, dict[str, Any]]:
         """The newest version every rank can rebuild and verify (or exactly ``step``).
 
         Levels are tried fastest first (memory, local, partner, xor, hdf5); a rank whose
         copy at one level is lost or damaged is served by the next, and
         ``restored_from`` lists the level that served each rank.
 
+        A version saved by another number of ranks is resharded: each rank receives its
+        new block of every ``Sharded`` leaf (read from the saved shards where they
+        overlap it, from whichever level holds them whole), every ``Replicated`` leaf,
+        and the plain values that were the same on every saved rank; ``restored_from``
+        then lists the level that served each *saved* rank.
+
+        Args:
+            step: The version (None: the newest recoverable one).
+            reshard: The blocks this rank wants, per sharded leaf: ``None`` (the saved
+                blocks if the rank count is unchanged, else near-equal blocks along the
+                axis the saved ones were cut on), an axis, ``(offset, shape)``, a dict of
+                leaf name (``"opt/m"``) -> one of those, or a callable ``(name,
+                global_shape) -> one of those``. Given, it reshards at any rank count.
+            per_rank: ``"all"``: leaves saved per rank (unmarked arrays, values that
+                differ) come back on every rank as a list of every saved rank's; without
+                it they are an error when the rank count changed.
+
         Returns:
             ``(step, state)``.
 
         Raises:
             CheckpointError: no committed version is whole on every rank (the reasons of
-                the newest one are given).
+                the newest one are given); a version saved by another number of ranks
+                with per-rank leaves; a target block that does not fit.
         """
+        if per_rank not in PER_RANK:
+            raise CheckpointError(f"restore: per_rank must be None or 'all', not {per_rank!r}")
         entry = flight.point("checkpoint restore", "checkpoint", None, step)
         try:
-            return self._restore(step)
+            return self._restore(step, reshard, per_rank)
         finally:
             flight.leave(entry)
 
-    def _restore(self, step: int | None) -> tuple[int, dict[str, Any]]:
+    def _restore(self, step: int | None, reshard: Any, per_rank: Any) -> tuple[int, dict[str, Any]]:
         committed = self.committed()
         newest = max((v for vs in committed.values() for v in vs), default=-1)
         mine = self._snapshot[0] if self._snapshot is not None else -1
         everyone = self.comm.allgather(mine)
-        if len(set(everyone)) == 1 and mine >= max(newest, 0) and step in (None, mine):
+        plain = reshard is None and per_rank is None
+        if plain and len(set(everyone)) == 1 and mine >= max(newest, 0) and step in (None, mine):
             self.restored_from = [self.memory] * self.size
             self._continue_from(mine, newest)
             flat = {
@@ -492,30 +532,97 @@ class Checkpointer:
             }  # type: ignore[index]
             return mine, unflatten_state(flat)
         candidates = sorted({v for vs in committed.values() for v in vs}, reverse=True)
+        if step is not None:
+            candidates = [v for v in candidates if v == step]
+        saved = self._on_root(lambda: {v: self._saved_by(v) for v in candidates})
         problems: list[str] = []
         for candidate in candidates:
-            if step is not None and candidate != step:
-                continue
-            flat, served, why = None, "", ""
-            for level in self.levels:
-                if candidate not in committed[level.name]:
+            old, names = saved[candidate]
+            if old != self.size or not plain:
+                levels = [LEVELS[n] for n in names]
+                try:
+                    flat, served = restore_resharded(
+                        self.comm, self.root, self.job.local_dir, candidate, old, levels,
+                        reshard, per_rank,
+                    )  # fmt: skip
+                except LayoutError:
+                    raise
+                except CheckpointError as exc:
+                    problems.append(f"version {candidate}: {exc}")
                     continue
-                got, reason = level.recover(candidate, flat is None)
-                if flat is None:
-                    if got is not None:
-                        flat, served = got, level.name
-                    else:
-                        why = reason or why
-                servers = self.comm.allgather(served)
-                if all(servers):
-                    self.restored_from = servers
-                    self._continue_from(candidate, newest)
-                    return candidate, unflatten_state(flat)  # type: ignore[arg-type]
-            reasons = [r for r in self.comm.allgather("" if flat is not None else why) if r]
-            problems.append(f"version {candidate}: {reasons[0] if reasons else 'incomplete'}")
+                self.restored_from = served
+                self._continue_from(candidate, newest)
+                return candidate, unflatten_state(flat)
+            flat, why = self._recover(candidate, committed)
+            if flat is not None:
+                self._continue_from(candidate, newest)
+                return candidate, unflatten_state(self._with_replicas(flat))
+            problems.append(f"version {candidate}: {why}")
         wanted = f"version {step}" if step is not None else "version"
         detail = f" ({problems[0]})" if problems else ""
         raise CheckpointError(f"no recoverable {wanted} in {self.root}{detail}")
+
+    def _recover(
+        self, candidate: int, committed: dict[str, list[int]]
+    ) -> tuple[dict[str, Any] | None, str]:
+        """Every rank's own shard of ``candidate``, from the fastest level that has it."""
+        flat, served, why = None, "", ""
+        for level in self.levels:
+            if candidate not in committed[level.name]:
+                continue
+            got, reason = level.recover(candidate, flat is None)
+            if flat is None:
+                if got is not None:
+                    flat, served = got, level.name
+                else:
+                    why = reason or why
+            servers = self.comm.allgather(served)
+            if all(servers):
+                self.restored_from = servers
+                return flat, ""
+        reasons = [r for r in self.comm.allgather("" if flat is not None else why) if r]
+        return None, reasons[0] if reasons else "incomplete"
+
+    def _saved_by(self, step: int) -> tuple[int, list[str]]:
+        """Rank 0: how many ranks saved version ``step``, and the file levels that committed it.
+
+        A resharding restore reads any of them, in use here or not.
+        """
+        ranks, names = self.size, []
+        for name, cls in LEVELS.items():
+            if cls.in_memory:
+                continue
+            try:
+                doc = json.loads((self.root / "commits" / name / marker_name(step)).read_text())
+            except (OSError, ValueError, RecursionError):
+                continue
+            names.append(name)
+            found = doc.get("ranks") if isinstance(doc, dict) else None
+            if isinstance(found, int) and not isinstance(found, bool) and found >= 1:
+                ranks = found
+        return ranks, names
+
+    def _with_replicas(self, flat: dict[str, Any]) -> dict[str, Any]:
+        """Hand rank 0's replicated arrays to the other ranks (collective), in pieces."""
+        from .levels.base import PIECE_BYTES
+
+        replicated = sorted(
+            n for n, lay in layouts_of(flat).items() if lay.get("kind") == "replicated"
+        )
+        for name in replicated:
+            value = flat.get(name) if self.rank == 0 else None
+            described = self.comm.bcast(
+                (value.shape, value.dtype.descr if value.dtype.fields else value.dtype.str)
+                if isinstance(value, np.ndarray) else None, root=0)  # fmt: skip
+            if described is None:
+                raise CheckpointError(f"replicated {name!r} is missing from rank 0's shard")
+            shape, dtype = described
+            out = value if self.rank == 0 else np.empty(shape, _np_dtype(dtype))
+            raw = out.reshape(-1).view(np.uint8)
+            for start in range(0, raw.size, PIECE_BYTES):
+                self.comm.Bcast(raw[start : start + PIECE_BYTES], root=0)
+            flat[name] = out
+        return flat
 
     def _continue_from(self, step: int, newest: int) -> None:
         """After a restore of ``step`` the run goes on from it.
@@ -566,6 +673,34 @@ class Checkpointer:
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         self.close(sync=exc_type is None)
+
+
+def _np_dtype(spec: Any) -> np.dtype:
+    return np.dtype(spec if isinstance(spec, str) else [tuple(f) for f in spec])
+
+
+def _describe(flat: dict[str, Any]) -> dict[str, list[Any]]:
+    """This rank's declared leaves, as ``sharding.check_layouts`` compares them.
+
+    With ``HPCPAR_CHECK=1`` a replicated leaf also carries its checksum, so copies that
+    differ between ranks are found.
+    """
+    from hpcpar.collectives.check import checking
+
+    from . import checksum
+
+    out: dict[str, list[Any]] = {}
+    for name, layout in layouts_of(flat).items():
+        value = flat.get(name)
+        if value is None:
+            continue
+        row = [layout.get("kind"), layout.get("global"), layout.get("offset"),
+               list(value.shape), str(np.dtype(value.dtype))]  # fmt: skip
+        if layout.get("kind") == "replicated" and checking():
+            host = value.get() if is_device_array(value) else value
+            row.append(checksum.digest(np.ascontiguousarray(host).reshape(-1).view(np.uint8)))
+        out[name] = row
+    return out
 
 
 def _os_problem(exc: OSError) -> str:

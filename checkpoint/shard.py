@@ -34,6 +34,9 @@ __all__ = [
     "decode_shard",
     "write_file",
     "read_file",
+    "manifest_length",
+    "parse_manifest",
+    "TRAILER_BYTES",
     "fsync_dir",
     "write_atomic",
 ]
@@ -90,7 +93,7 @@ class EncodedShard:
         self.body_nbytes = sum(memoryview(s).nbytes for s in body)
         self._entries = entries
         self._tail: bytes | None = None
-        self._digests: list[str] = []
+        self._digests: list[dict[str, Any]] = []
         arrays = [entries[n]["raw"] for n in sorted(entries) if "raw" in entries[n]]
         self._hasher = threading.Thread(target=_hash_all, args=(arrays, self._digests))
         self._hasher.start()
@@ -104,7 +107,7 @@ class EncodedShard:
             for name in sorted(self._entries):
                 entry = dict(self._entries[name])
                 if entry.pop("raw", None) is not None:
-                    entry[checksum.KEY] = next(names)
+                    entry.update(next(names))
                 entries[name] = entry
             manifest = json.dumps(
                 {
@@ -151,8 +154,8 @@ class EncodedShard:
         out[max(0, min(pos, end) - start) :] = 0
 
 
-def _hash_all(arrays: list[np.ndarray], out: list[str]) -> None:
-    out.extend(checksum.digest(a) for a in arrays)
+def _hash_all(arrays: list[np.ndarray], out: list[dict[str, Any]]) -> None:
+    out.extend(checksum.digest_array(a) for a in arrays)
 
 
 def encode_shard(step: int, rank: int, flat: dict[str, Any]) -> EncodedShard:
@@ -215,7 +218,11 @@ def _check_entry(name: Any, entry: Any, where: str) -> None:
         raise CheckpointError(f"{where}: {name!r} has a bad offset, size or shape")
     if not isinstance(entry.get("dtype"), (str, list)):
         raise CheckpointError(f"{where}: {name!r} has an unknown dtype")
-    if not any(isinstance(entry.get(k), str) for k in ("crc32c", "crc32")):
+    blocks = checksum.block_digests(entry)
+    if blocks is not None:
+        if not (checksum.block_size(entry) and all(isinstance(d, str) for d in blocks[1])):
+            raise CheckpointError(f"{where}: {name!r} has bad block checksums")
+    elif not any(isinstance(entry.get(k), str) for k in ("crc32c", "crc32")):
         raise CheckpointError(f"{where}: {name!r} has no checksum")
 
 
@@ -229,21 +236,28 @@ def _dtype(spec: Any, name: str, where: str) -> np.dtype:
     return dtype
 
 
-def decode_shard(
-    data: np.ndarray, step: int, rank: int, where: str = "shard", verify: bool = True
-) -> dict[str, Any]:
-    """Check and unpack a shard's bytes (uint8 array); arrays are views into ``data``.
+def manifest_length(trailer: bytes, size: int, where: str) -> tuple[int, int]:
+    """``(manifest length, its CRC-32)`` from a shard's last ``TRAILER_BYTES`` bytes.
 
     Raises:
-        CheckpointError: truncated, corrupted, or a shard of another version or rank.
+        CheckpointError: truncated or not a shard.
     """
-    if data.size < _TRAILER.size:
-        raise CheckpointError(f"{where}: truncated ({data.size} bytes)")
-    magic, length, crc = _TRAILER.unpack(data[-_TRAILER.size :].tobytes())
-    end = data.size - _TRAILER.size
-    if magic != MAGIC or length > end:
+    if size < _TRAILER.size or len(trailer) != _TRAILER.size:
+        raise CheckpointError(f"{where}: truncated ({size} bytes)")
+    magic, length, crc = _TRAILER.unpack(trailer)
+    if magic != MAGIC or length > size - _TRAILER.size:
         raise CheckpointError(f"{where}: truncated or not a shard (no trailer)")
-    manifest = data[end - length : end].tobytes()
+    return length, crc
+
+
+def parse_manifest(
+    manifest: bytes, crc: int, payload: int, step: int, rank: int, where: str
+) -> dict[str, dict[str, Any]]:
+    """A shard's manifest entries, each checked (offsets inside the ``payload`` bytes).
+
+    Raises:
+        CheckpointError: a damaged or crafted manifest, or one of another version or rank.
+    """
     if zlib.crc32(manifest) != crc:
         raise CheckpointError(f"{where}: manifest checksum does not match")
     try:
@@ -260,12 +274,9 @@ def decode_shard(
     entries = doc.get("entries", {})
     if not isinstance(entries, dict):
         raise CheckpointError(f"{where}: manifest entries are not a table")
-    flat: dict[str, Any] = {}
-    payload = end - length
     for name, entry in entries.items():
         _check_entry(name, entry, where)
         if "value" in entry:
-            flat[name] = entry["value"]
             continue
         dtype = _dtype(entry["dtype"], name, where)
         offset, nbytes, shape = entry["offset"], entry["nbytes"], entry["shape"]
@@ -273,11 +284,41 @@ def decode_shard(
             raise CheckpointError(f"{where}: {name!r} lies outside the file")
         if math.prod(shape) * dtype.itemsize != nbytes:
             raise CheckpointError(f"{where}: {name!r} has the wrong size for its shape")
+        entry["np_dtype"] = dtype
+    return entries
+
+
+def decode_shard(
+    data: np.ndarray, step: int, rank: int, where: str = "shard", verify: bool = True
+) -> dict[str, Any]:
+    """Check and unpack a shard's bytes (uint8 array); arrays are views into ``data``.
+
+    Raises:
+        CheckpointError: truncated, corrupted, or a shard of another version or rank.
+    """
+    length, crc = manifest_length(data[-_TRAILER.size :].tobytes(), data.size, where)
+    end = data.size - _TRAILER.size
+    payload = end - length
+    entries = parse_manifest(data[payload:end].tobytes(), crc, payload, step, rank, where)
+    flat: dict[str, Any] = {}
+    for name, entry in entries.items():
+        if "value" in entry:
+            flat[name] = entry["value"]
+            continue
+        dtype, offset, nbytes, shape = (
+            entry["np_dtype"],
+            entry["offset"],
+            entry["nbytes"],
+            entry["shape"],
+        )
         raw = data[offset : offset + nbytes]
         if verify and not checksum.matches(entry, raw, where):
             raise CheckpointError(f"{where}: checksum of {name!r} does not match")
         flat[name] = raw.view(dtype).reshape(shape) if nbytes else np.zeros(shape, dtype)
     return flat
+
+
+TRAILER_BYTES = _TRAILER.size
 
 
 # ---- files ---------------------------------------------------------------------------

@@ -20,9 +20,9 @@ from ..shard import EncodedShard, fsync_dir
 from ..state import CheckpointError
 from .base import Level
 
-__all__ = ["Hdf5Level", "write_h5", "read_h5"]
+__all__ = ["Hdf5Level", "write_h5", "read_h5", "VALUES"]
 
-_VALUES = "hpcpar_values"
+VALUES = "hpcpar_values"
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:
@@ -60,7 +60,7 @@ def write_h5(path: Path, step: int, rank: int, flat: dict[str, Any]) -> None:
                     ds.attrs["hpcpar_dtype"] = array.dtype.str
                     ds.attrs["hpcpar_shape"] = list(array.shape)
                 ds.attrs[checksum.KEY] = checksum.digest(_bytes(array))
-            f.attrs[_VALUES] = json.dumps(values)
+            f.attrs[VALUES] = json.dumps(values)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -87,7 +87,7 @@ def read_h5(path: Path, step: int, rank: int) -> dict[str, Any]:
                 or int(f.attrs.get("rank", -1)) != rank
             ):
                 raise CheckpointError(f"{path}: not version {step} of rank {rank}")
-            flat.update(json.loads(f.attrs[_VALUES]))
+            flat.update(json.loads(f.attrs[VALUES]))
             datasets: list[tuple[str, Any]] = []
             f.visititems(
                 lambda n, o: datasets.append((n, o)) if isinstance(o, h5py.Dataset) else None

@@ -62,6 +62,7 @@ _CONNECT_S = 30.0  # how long a rank tries to reach rank 0 at start
 SLOW_WINDOW = 50  # collectives the live slow-rank warning looks at (with HPCPAR_TRACE)
 _HPCPAR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OURS = (_HPCPAR + os.sep, os.path.join(os.path.dirname(_HPCPAR), "checkpoint") + os.sep)
+_TOOLS = os.path.join(_HPCPAR, "cli") + os.sep  # command-line tools: they wait on jobs
 _THIS_FILE = os.path.abspath(__file__)
 _MPI_CALL = re.compile(
     r"\.\s*(?:[Aa]llreduce|[Rr]educe|[Bb]cast|[Bb]arrier|[Aa]llgatherv?|[Gg]atherv?|"
@@ -209,11 +210,20 @@ class _Lines:
 
 
 def blocked_in(frame: Any) -> str | None:
-    """How the thread whose innermost frame is ``frame`` waits: ``hpcpar``, ``mpi`` or None."""
+    """How the thread whose innermost frame is ``frame`` waits: ``hpcpar``, ``mpi`` or None.
+
+    ``hpcpar``: inside hpcpar's code, called from the user's (not from one of hpcpar's
+    command-line tools, which wait on other processes: a sweep polling Slurm).
+    """
     if frame is None:
         return None
     path = frame.f_code.co_filename
     if path.startswith(_OURS) and path != _THIS_FILE:
+        outer = frame  # hpcpar's frames up to the user's: a command-line tool polling a
+        while outer is not None and outer.f_code.co_filename.startswith(_OURS):  # queue
+            if outer.f_code.co_filename.startswith(_TOOLS):  # is not waiting in a call
+                return None
+            outer = outer.f_back
         return "hpcpar"
     line = linecache.getline(path, frame.f_lineno)
     if line and _MPI_CALL.search(line):

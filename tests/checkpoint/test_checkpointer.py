@@ -174,5 +174,7 @@ def test_bad_input(comm, tmp_path):
             json.dumps({"format": "hpcpar-checkpoint", "ranks": 99})
         )
     comm.Barrier()
-    with pytest.raises(CheckpointError, match="written by a job of 99 ranks"):
-        Checkpointer(root / "d", comm=comm)
+    # a directory of a job with another rank count opens (its versions reshard)
+    with Checkpointer(root / "d", comm=comm) as ck, pytest.raises(CheckpointError,
+                                                                  match="no recoverable"):  # fmt: skip
+        ck.restore()

@@ -169,3 +169,22 @@ def test_a_count_that_differs_in_one_collective_fails_at_once_instead_of_hanging
     ) in done.stderr, done.stderr
     assert "the ranks passed different counts or dtypes; HPCPAR_CHECK=1 names them" in done.stderr
     assert waited is not None and waited < 20
+
+
+def test_hpcpar_code_waits_in_a_call_but_its_command_line_tools_do_not():
+    """A sweep polling Slurm from inside hpcpar's tools for longer than the limit is not a
+    hang; a frame in hpcpar's collectives is."""
+    import os
+
+    import hpcpar.cli as cli_package
+    import hpcpar.collectives as collectives_package
+    from hpcpar.runtime.watchdog import blocked_in
+
+    def frame_in(package):
+        where = os.path.join(os.path.dirname(package.__file__), "frame_probe.py")
+        space: dict = {}
+        exec(compile("import sys\nframe = sys._getframe()", where, "exec"), space)
+        return space["frame"]
+
+    assert blocked_in(frame_in(collectives_package)) == "hpcpar"
+    assert blocked_in(frame_in(cli_package)) is None
