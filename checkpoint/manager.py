@@ -271,20 +271,22 @@ class Checkpointer:
         half), then every rank removes its files of those versions at the levels in use.
         """
 
-        def unmark() -> list[int]:
-            gone = set()
+        def unmark() -> dict[int, int]:
+            gone: dict[int, int] = {}
             for folder in (self.root / "commits").glob("*"):
                 for marker in folder.glob("v*.committed"):
                     found = parse_marker(marker.name)
                     if found is not None and found > step:
-                        marker.unlink()
-                        gone.add(found)
-            return sorted(gone)
+                        ranks = _unmark(marker, self.size)
+                        gone[found] = ranks if ranks != self.size else gone.get(found, ranks)
+            return gone
 
         gone = self._on_root(unmark)
         for level in self.levels:
             for old in set(gone) | {s for s in level.steps_on_disk() if s > step}:
                 level.remove(old)
+                if gone.get(old, self.size) != self.size:
+                    level.sweep(old)
         if self._snapshot is not None and self._snapshot[0] > step:
             self._snapshot = None
 
@@ -445,10 +447,12 @@ class Checkpointer:
             return  # nothing is pruned this time; the next save tries again
         for old in committed[self.keep[level.name] :]:
             try:  # nobody deletes a file of a still-committed version
-                self._on_root(lambda old=old: level.marker(old).unlink(missing_ok=True))
+                ranks = self._on_root(lambda old=old: _unmark(level.marker(old), self.size))
             except CheckpointError:
                 return
             level.remove(old)
+            if ranks != self.size:  # saved by another job: its files are not all ours
+                level.sweep(old)
         # files of versions that never committed (a job killed while writing them) and
         # never will: older than the newest committed one, which restore always prefers
         if committed:
@@ -701,6 +705,21 @@ def _describe(flat: dict[str, Any]) -> dict[str, list[Any]]:
             row.append(checksum.digest(np.ascontiguousarray(host).reshape(-1).view(np.uint8)))
         out[name] = row
     return out
+
+
+def _unmark(marker: Path, size: int) -> int:
+    """Remove a commit marker; how many ranks saved its version (``size`` if unreadable).
+
+    Raises:
+        OSError: the marker could not be removed.
+    """
+    try:
+        doc = json.loads(marker.read_text())
+        ranks = doc.get("ranks", size) if isinstance(doc, dict) else size
+    except (OSError, ValueError, RecursionError):
+        ranks = size
+    marker.unlink(missing_ok=True)
+    return ranks if isinstance(ranks, int) else size
 
 
 def _os_problem(exc: OSError) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -195,6 +196,19 @@ class Level:
             path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # the node's last rank to get here removes it
             folder.rmdir()
+
+    def sweep(self, step: int) -> None:
+        """Delete every file of version ``step`` this rank can see, on every node.
+
+        For a version saved by another number of ranks, whose files ``remove`` (this
+        rank's own) does not cover; any rank may run it, at the same time as others.
+        """
+        if self.node_local:
+            folders = list(self.job.local_dir.glob(f"node*/{self.name}/{version_name(step)}"))
+        else:
+            folders = [self.version_dir(step)]
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _keep_as_spare(self, path: Path) -> bool:
         spare = self.spare(path)

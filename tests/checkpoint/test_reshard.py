@@ -255,3 +255,28 @@ def test_any_pytree_round_trips_with_its_types_and_other_objects_are_named(tmp_p
         with pytest.raises(CheckpointError, match=key):
             flatten_state(bad)
     assert unflatten_state(flatten_state({"x": [1, (2,)]})) == {"x": [1, (2,)]}
+
+
+def test_versions_of_another_rank_count_are_pruned_whole(comm, tmp_path):
+    if SIZE < 2:
+        pytest.skip("needs 2+ ranks to change the rank count")
+    root = shared_dir(comm, tmp_path) / "ck"
+    save_at(root, comm, SIZE, ["local", "hdf5"])
+
+    def go_on(sub):
+        with (
+            hpcpar.Hierarchy(sub, layout="ppn:1") as h,
+            Checkpointer(
+                root, comm=h, levels=["local", "hdf5"], policy={"keep": {"local": 1, "hdf5": 1}}
+            ) as ck,  # fmt: skip
+        ):
+            step, got = ck.restore()
+            ck.save(step + 1, got).wait()
+            ck.save(step + 2, got).wait()
+
+    in_group(comm, SIZE - 1, go_on)
+    if comm.Get_rank() == 0:
+        left = sorted(str(p.relative_to(root)) for p in root.rglob("v000000000001"))
+        assert left == [], left  # every node's folder of the old job's version is gone
+        assert len(list(root.glob("nodes/node*/local/v000000000003/*.shard"))) == SIZE - 1
+    comm.Barrier()
