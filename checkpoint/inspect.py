@@ -12,7 +12,7 @@ import numpy as np
 from .levels import LEVELS, file_levels
 from .naming import parse_marker, parse_version
 from .shard import decode_shard, read_bytes
-from .state import CheckpointError
+from .state import CheckpointError, layouts_of, user_entries
 
 __all__ = ["scan", "verify", "describe_state", "MAX_RANKS"]
 
@@ -46,10 +46,12 @@ def scan(root: Path, local_dir: Path | None = None) -> dict[str, Any]:
     """Rank count, and per level: committed versions and every file found.
 
     Returns:
-        ``{"ranks": N, "levels": {level: {"committed": [...], "files": {step: [(kind,
-        rank, path)]}, "spares": [path, ...]}}}`` where kind is ``shard``, ``copy``,
-        ``parity`` or ``h5``, and spares are pruned files kept for the next versions to
-        write over (README, "Recycled files").
+        ``{"ranks": N, "versions": {step: ranks that saved it}, "levels": {level:
+        {"committed": [...], "files": {step: [(kind, rank, path)]}, "spares": [path,
+        ...]}}}`` where kind is ``shard``, ``copy``, ``parity`` or ``h5``, and spares are
+        pruned files kept for the next versions to write over (README, "Recycled
+        files"). ``ranks`` is the last job's; a version saved by another number of ranks
+        says so in ``versions``.
 
     Raises:
         CheckpointError: not an hpcpar checkpoint directory.
@@ -57,11 +59,14 @@ def scan(root: Path, local_dir: Path | None = None) -> dict[str, Any]:
     doc = _job(root)
     nodes = Path(local_dir) if local_dir is not None else root / "nodes"
     levels: dict[str, Any] = {}
+    versions: dict[int, int] = {}
     for level in file_levels():
         cls = LEVELS[level]
         markers = root / "commits" / level
-        found = (parse_marker(p.name) for p in markers.glob("v*.committed"))
+        found = {parse_marker(p.name): p for p in markers.glob("v*.committed")}
         committed = sorted((s for s in found if s is not None), reverse=True)
+        for step in committed:
+            versions.setdefault(step, _saved_ranks(found[step], doc["ranks"]))
         base, pattern = (nodes, f"node*/{level}/v*/*") if cls.node_local else (root / level, "v*/*")
         files: dict[int, list[tuple[str, int, Path]]] = {}
         if base.is_dir():
@@ -77,7 +82,18 @@ def scan(root: Path, local_dir: Path | None = None) -> dict[str, Any]:
         spares = sorted(p for p in nodes.glob(f"node*/{level}/.spare/*") if p.is_file())
         if committed or files or spares:
             levels[level] = {"committed": committed, "files": files, "spares": spares}
-    return {"ranks": doc["ranks"], "levels": levels}
+    return {"ranks": doc["ranks"], "versions": versions, "levels": levels}
+
+
+def _saved_ranks(marker: Path, default: int) -> int:
+    """How many ranks saved the version a commit marker commits (its JSON says)."""
+    try:
+        doc = json.loads(marker.read_text())
+    except (OSError, ValueError, RecursionError):
+        return default
+    ranks = doc.get("ranks") if isinstance(doc, dict) else None
+    ok = isinstance(ranks, int) and not isinstance(ranks, bool) and 1 <= ranks <= MAX_RANKS
+    return ranks if ok else default
 
 
 def _check(level: str, kind: str, step: int, rank: int, path: Path) -> str:
@@ -105,16 +121,41 @@ def verify(root: Path, local_dir: Path | None = None) -> list[tuple[str, int, in
         for step in entry["committed"]:
             files = entry["files"].get(step, [])
             have = {r for kind, r, _ in files if kind == own}
-            out += [(level, step, r, own, "missing") for r in range(info["ranks"]) if r not in have]
+            ranks = info["versions"].get(step, info["ranks"])
+            out += [(level, step, r, own, "missing") for r in range(ranks) if r not in have]
             for kind, rank, path in files:
                 out.append((level, step, rank, kind, _check(level, kind, step, rank, path)))
     return out
+
+
+def _rows(flat: dict[str, Any]) -> list[tuple[str, str, str, int, str]]:
+    layouts = layouts_of(flat)
+    rows = []
+    for key in sorted(set(user_entries(flat)) | set(layouts)):
+        value, layout = flat.get(key), layouts.get(key, {})
+        if layout.get("kind") == "sharded":
+            offset, glob = tuple(layout.get("offset", ())), tuple(layout.get("global", ()))
+            text = f"sharded: block at {offset} of {glob}"
+        elif layout.get("kind") == "replicated":
+            text = "replicated" + ("" if value is not None else " (kept in rank 0's file)")
+        else:
+            text = ""
+        if isinstance(value, np.ndarray):
+            rows.append((key, value.dtype.str, str(tuple(value.shape)), value.nbytes, text))
+        elif value is None and text:
+            rows.append((key, "", "", 0, text))
+        else:
+            rows.append((key, type(value).__name__, "", 0, repr(value)[:40]))
+    return rows
 
 
 def describe_state(
     root: Path, step: int | None, rank: int, level: str | None, local_dir: Path | None = None
 ) -> tuple[str, int, list[tuple[str, str, str, int, str]]]:
     """The entries of one rank's state at a version: name, dtype, shape, bytes, value.
+
+    A declared leaf's value column gives its layout (``sharded: block at OFFSET of
+    GLOBAL``, ``replicated``); the reserved entries (the tree, the layouts) are not rows.
 
     Args:
         root: The checkpoint root.
@@ -130,8 +171,6 @@ def describe_state(
         CheckpointError: no such version, rank or level, or the file is damaged.
     """
     info = scan(root, local_dir)
-    if not 0 <= rank < info["ranks"]:
-        raise CheckpointError(f"rank {rank}: the job had {info['ranks']} ranks")
     choices = [level] if level else list(info["levels"])
     for name in choices:
         entry = info["levels"].get(name)
@@ -140,6 +179,9 @@ def describe_state(
         version = entry["committed"][0] if step is None else step
         if version not in entry["committed"]:
             continue
+        ranks = info["versions"].get(version, info["ranks"])
+        if not 0 <= rank < ranks:
+            raise CheckpointError(f"rank {rank}: version {version} was saved by {ranks} ranks")
         kind = LEVELS[name].own_kind
         path = next(
             (p for k, r, p in entry["files"].get(version, []) if k == kind and r == rank), None
@@ -147,12 +189,6 @@ def describe_state(
         if path is None:
             raise CheckpointError(f"{name}: rank {rank} has no file of version {version}")
         flat = LEVELS[name].read(path, version, rank)
-        rows = []
-        for key, value in sorted(flat.items()):
-            if isinstance(value, np.ndarray):
-                rows.append((key, value.dtype.str, str(tuple(value.shape)), value.nbytes, ""))
-            else:
-                rows.append((key, type(value).__name__, "", 0, repr(value)[:40]))
-        return name, version, rows
+        return name, version, _rows(flat)
     what = f"version {step}" if step is not None else "no committed version"
     raise CheckpointError(f"{root}: {what} at {level or 'any level'}")

@@ -1,4 +1,4 @@
-"""``hpcpar checkpoint ls|verify|inspect|inject PATH``: look at and damage a checkpoint."""
+"""``hpcpar checkpoint ls|verify|inspect|export|inject PATH``: look at, export, damage."""
 
 from __future__ import annotations
 
@@ -14,7 +14,11 @@ _EPILOG = """\
 actions:
   ls       versions per level: committed or not, files per version, bytes
   verify   every checksum of every committed version (exit 1 if any file is bad)
-  inspect  the state of one rank at one version: keys, dtypes, shapes, sizes, values
+  inspect  the state of one rank at one version: keys, dtypes, shapes, sizes, values,
+           and how each array is laid out (sharded: its block; replicated)
+  export   one version (--step, default the newest) as one HDF5 file (--to FILE.h5)
+           of global arrays: sharded ones assembled, replicated ones once, per-rank
+           ones along a leading rank axis; values and the step as attributes
   inject   damage a checkpoint on purpose (to test restores):
              --fault delete-node --node N
              --fault flip --level L --step S --rank R [--offset B]
@@ -28,7 +32,7 @@ actions:
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
-    parser.add_argument("action", choices=("ls", "verify", "inspect", "inject"))
+    parser.add_argument("action", choices=("ls", "verify", "inspect", "export", "inject"))
     parser.add_argument("path", help="the checkpoint directory")
     parser.add_argument("--local-dir", help="node-local storage, if not PATH/nodes")
     parser.add_argument(
@@ -44,6 +48,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fault", choices=("delete-node", "flip", "truncate-manifest"), help="inject: what"
     )
     parser.add_argument("--node", type=integer(0), help="inject delete-node: the node index")
+    parser.add_argument("--to", help="export: the HDF5 file to write")
     parser.add_argument(
         "--offset", type=integer(None), default=-100, help="inject flip: byte offset"
     )
@@ -52,7 +57,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 def _ls(info: dict[str, Any]) -> None:
     from ..checkpoint import LEVELS
 
-    print(f"written by {info['ranks']} rank(s)")
+    print(f"last used by a job of {info['ranks']} rank(s)")
     if not info["levels"]:
         print("no versions")
     for level, entry in info["levels"].items():
@@ -68,7 +73,8 @@ def _ls(info: dict[str, Any]) -> None:
                 f", {n} {k}" for k, n in sorted(kinds.items()) if k in ("copy", "parity")
             )
             state = "committed" if step in entry["committed"] else "not committed"
-            whole = "" if own == info["ranks"] else f" (of {info['ranks']})"
+            ranks = info["versions"].get(step, info["ranks"])
+            whole = "" if own == ranks else f" (of {ranks})"
             print(f"  v{step}: {own} shard(s){whole}{extra}, {size} bytes, {state}")
         if entry["spares"]:
             size = sum(p.stat().st_size for p in entry["spares"])
@@ -94,6 +100,19 @@ def _inject(root: Any, args: argparse.Namespace) -> str:
         return f"flipped a byte of {path} at offset {args.offset}"
     faults.truncate_manifest(path)
     return f"truncated the manifest of {path}"
+
+
+def _export(root: Any, args: argparse.Namespace) -> str:
+    from pathlib import Path
+
+    from ..checkpoint.export import export
+    from ..checkpoint.state import CheckpointError
+
+    if not args.to:
+        raise CheckpointError("export needs --to FILE.h5")
+    local = Path(args.local_dir) if args.local_dir else None
+    step = export(root, Path(args.to), args.step, local)
+    return f"exported version {step} of {root} to {args.to}"
 
 
 def _run(comm: Any, args: argparse.Namespace) -> int:
@@ -124,6 +143,8 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
                 print(f"{key:30s} {dtype:>8s} {shape:>16s} {nbytes:12d}  {value}")
         elif args.action == "inject":
             print(_inject(root, args))
+        elif args.action == "export":
+            print(_export(root, args))
         else:
             results = verify(root, args.local_dir)
             bad = [r for r in results if r[4]]

@@ -5,6 +5,7 @@ bit against the global array it came from."""
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
@@ -280,3 +281,65 @@ def test_versions_of_another_rank_count_are_pruned_whole(comm, tmp_path):
         assert left == [], left  # every node's folder of the old job's version is gone
         assert len(list(root.glob("nodes/node*/local/v000000000003/*.shard"))) == SIZE - 1
     comm.Barrier()
+
+
+@pytest.mark.parametrize("lose_node", [False, True])
+def test_export_writes_global_arrays_to_one_plain_hdf5_file(comm, tmp_path, lose_node):
+    import h5py
+    from hpcpar.checkpoint.export import export
+
+    root = shared_dir(comm, tmp_path) / "ck"
+    rank, size = comm.Get_rank(), comm.Get_size()
+    levels = ["local", "partner"] if size > 1 else ["local"]
+    with (
+        hpcpar.Hierarchy(comm, layout="ppn:1") as h,
+        Checkpointer(root, comm=h, levels=levels) as ck,
+    ):
+        state = state_for(rank, size)
+        state["mine"] = np.arange(4) + rank  # per rank: stacked along a rank axis
+        state["odd"] = np.ones(rank + 1)  # per rank, shapes differ: one dataset per rank
+        ck.save(9, state).wait()
+    if lose_node and size > 1 and rank == 0:
+        shutil.rmtree(root / "nodes" / "node0")  # rank 0's shard comes from its partner copy
+    comm.Barrier()
+    if rank == 0:
+        out = tmp_path / "v9.h5"
+        assert export(root, out) == 9
+        g = global_arrays()
+        with h5py.File(out, "r") as f:
+            assert f.attrs["step"] == 9 and f.attrs["ranks"] == size
+            assert np.array_equal(f["params/0"][()], g["v"])
+            assert np.array_equal(f["params/1/0"][()], g["rows"])
+            assert np.array_equal(f["params/1/1"][()], g["cols"])
+            assert np.array_equal(f["grid"][()], g["grid"]) and f["grid"].dtype == g["grid"].dtype
+            assert np.array_equal(f["model"][()], np.linspace(0, 1, 37))
+            assert f["model"].attrs["hpcpar_layout"] == "replicated"
+            assert np.array_equal(f["mine"][()], np.arange(4)[None, :] + np.arange(size)[:, None])
+            odd = [f["odd"][0]] if size == 1 else [f[f"odd/rank{r}"][()] for r in range(size)]
+            assert all(np.array_equal(a, np.ones(r + 1)) for r, a in enumerate(odd))
+            assert f.attrs["meta/epoch"] == 3
+            assert json.loads(f.attrs["hpcpar_metadata"])["meta/names/1"] == "b"
+    comm.Barrier()
+
+
+@pytest.mark.reliability("bad_input")
+@pytest.mark.skipif(SIZE > 1, reason="the command line runs in the one-rank session")
+def test_export_and_inspect_from_the_command_line(tmp_path, capsys):
+    from hpcpar.cli.main import main
+
+    root, out = tmp_path / "ck", tmp_path / "v.h5"
+    with Checkpointer(root, comm=None, levels=["local"]) as ck:
+        ck.save(3, {"w": Sharded(np.arange(6.0), (6,), 0), "r": Replicated(np.ones(2))}).wait()
+    assert main(["checkpoint", "export", str(root), "--to", str(out)]) == 0
+    assert "exported version 3" in capsys.readouterr().out
+    assert main(["checkpoint", "inspect", str(root)]) == 0
+    text = capsys.readouterr().out
+    assert "sharded: block at (0,) of (6,)" in text and "replicated" in text
+    assert ".tree" not in text and ".layout" not in text
+    to = ["--to", str(out)]
+    for args, message in ((["--step", "8", *to], "version 8"), ([], "needs --to"),
+                          (["--to", str(tmp_path / "no" / "x.h5")], "x.h5")):  # fmt: skip
+        assert main(["checkpoint", "export", str(root), *args]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "no").exists() and out.exists()  # nothing half-written
