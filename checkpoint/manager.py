@@ -535,10 +535,15 @@ class Checkpointer:
                 for k, v in self._snapshot[1].items()
             }  # type: ignore[index]
             return mine, unflatten_state(flat)
-        candidates = sorted({v for vs in committed.values() for v in vs}, reverse=True)
+        saved = self._on_root(lambda: {v: self._saved_by(v) for v in _every_committed(self.root)})
+        # versions at the levels in use, and those another number of ranks saved at any
+        # level (resharding reads every level)
+        ours = {v for vs in committed.values() for v in vs}
+        candidates = sorted(
+            (v for v in saved if v in ours or saved[v][0] != self.size), reverse=True
+        )
         if step is not None:
             candidates = [v for v in candidates if v == step]
-        saved = self._on_root(lambda: {v: self._saved_by(v) for v in candidates})
         problems: list[str] = []
         for candidate in candidates:
             old, names = saved[candidate]

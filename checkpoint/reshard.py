@@ -213,7 +213,16 @@ def restore_resharded(
             raise LayoutError(problem)
         targets = _targets(comm, leaves, reshard)
         servers = _servers(leaves, targets, seen, chosen, old, size)
-        flat, errors = _transfer(comm, leaves, targets, servers, openers, chosen, old, per_rank,
+
+        def serve(r: int, client: int, servers: dict[int, int] = servers,
+                  chosen: dict[int, str] = chosen) -> int:  # fmt: skip
+            """Who reads a move: its client if it sees the data (no message).
+
+            Else the saved rank's server reads it and sends or broadcasts it.
+            """
+            return client if client >= 0 and chosen[r] in seen[client][r] else servers[r]
+
+        flat, errors = _transfer(comm, leaves, targets, serve, openers, chosen, old, per_rank,
                                  alloc)  # fmt: skip
         every = {}
         for part in comm.allgather(errors):
@@ -311,7 +320,10 @@ def _targets(comm: Any, leaves: dict[str, _Leaf], reshard: Any) -> dict[str, lis
 
 def _servers(leaves: dict[str, _Leaf], targets: dict[str, list[Block]], seen: list[Any],
              chosen: dict[int, str], old: int, size: int) -> dict[int, int]:  # fmt: skip
-    """Per saved rank, the rank that reads it: of those that can, the one needing most."""
+    """Per saved rank, the rank that reads it for broadcasts and for ranks that cannot.
+
+    Of the ranks that can see it, the one needing most of it.
+    """
     out = {}
     for r in range(old):
         able = [k for k in range(size) if chosen[r] in seen[k][r]]
@@ -399,44 +411,81 @@ class _Mover:
         self.openers, self.chosen = openers, chosen
         self.sources: dict[int, Any] = {}
         self.errors: dict[int, str] = {}  # saved rank -> why its data could not be read
-        self.piece = np.empty(0, dtype=np.uint8)
+        self.pieces = [np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint8)]
+        self.pending: list[Any] = [None, None]  # the send of each piece buffer
+        self.turn = 0
+
+    def open(self, r: int) -> None:
+        """Open saved rank ``r``'s source (once; a failure is noted, not raised)."""
+        if r not in self.sources and r not in self.errors:
+            try:
+                self.sources[r] = self.openers[r][self.chosen[r]]()
+            except CheckpointError as exc:
+                self.errors[r] = str(exc)
+
+    def prefetch(self, r: int, name: str, src: tuple[int, ...], box: tuple[int, ...]) -> None:
+        """Tell saved rank ``r``'s source what will be read."""
+        self.open(r)
+        if r in self.sources:
+            self.sources[r].prefetch(name, src, box)
 
     def move(self, name: str, r: int, server: int, src: tuple[int, ...], box: tuple[int, ...],
              client: int, target: Any, dst: tuple[int, ...]) -> None:  # fmt: skip
         """Move saved rank ``r``'s ``box`` of leaf ``name``, piece by piece.
 
         ``server`` reads it at ``src``; it goes to ``target`` at ``dst`` on ``client``
-        (-1: every rank).
+        (-1: every rank). Pieces land in place where the target's part is contiguous;
+        the server sends one piece while it reads the next (two half pieces in turn).
         """
-        if self.rank == server and r not in self.sources and r not in self.errors:
-            try:
-                self.sources[r] = self.openers[r][self.chosen[r]]()
-            except CheckpointError as exc:
-                self.errors[r] = str(exc)
+        if self.rank == server:
+            self.open(r)
         dtype = target.dtype
-        for sub_off, sub in split_box(box, dtype.itemsize, PIECE_BYTES):
+        for sub_off, sub in split_box(box, dtype.itemsize, PIECE_BYTES // 2):
             at = tuple(slice(d + o, d + o + n) for d, o, n in zip(dst, sub_off, sub, strict=True))
             origin = tuple(s + o for s, o in zip(src, sub_off, strict=True))
             nbytes = math.prod(sub) * dtype.itemsize
-            if self.rank == server == client and isinstance(target, np.ndarray) and target.ndim:
+            view = None
+            if client in (self.rank, -1) and isinstance(target, np.ndarray) and target.ndim:
                 view = target[at]
-                if view.flags.c_contiguous:  # read straight into place
+                view = view if view.flags.c_contiguous else None
+            if self.rank == server:
+                if client == self.rank and view is not None:  # read straight into place
                     self.read(r, name, origin, sub, view)
                     continue
-            if self.piece.size < nbytes:
-                self.piece = np.empty(max(nbytes, min(PIECE_BYTES, 1 << 20)), dtype=np.uint8)
-            raw = self.piece[:nbytes]
-            buf = raw.view(dtype).reshape(sub)
-            if self.rank == server:
+                raw = self._buffer(nbytes)
+                buf = raw.view(dtype).reshape(sub)
                 self.read(r, name, origin, sub, buf)
+                if client == -1:
+                    self.comm.Bcast(raw, root=server)
+                elif client != server:
+                    self.pending[self.turn] = self.comm.Isend(raw, dest=client, tag=_TAG)
+                    continue
+                target[at] = buf
+                continue
+            raw = view.reshape(-1).view(np.uint8) if view is not None else self._buffer(nbytes)
             if client == -1:
                 self.comm.Bcast(raw, root=server)
-            elif server != client and self.rank == server:
-                self.comm.Send(raw, dest=client, tag=_TAG)
-            elif server != client:
+            else:
                 self.comm.Recv(raw, source=server, tag=_TAG)
-            if client in (self.rank, -1):
-                target[at] = buf
+            if view is None:
+                target[at] = raw.view(dtype).reshape(sub)
+
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        """The next of the two piece buffers, once its last send is done."""
+        self.turn ^= 1
+        if self.pending[self.turn] is not None:
+            self.pending[self.turn].Wait()
+            self.pending[self.turn] = None
+        if self.pieces[self.turn].size < nbytes:
+            self.pieces[self.turn] = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
+        return self.pieces[self.turn][:nbytes]
+
+    def finish(self) -> None:
+        """Wait for the sends still in flight."""
+        for i, request in enumerate(self.pending):
+            if request is not None:
+                request.Wait()
+                self.pending[i] = None
 
     def read(self, r: int, name: str, origin: tuple[int, ...], box: tuple[int, ...],
              out: np.ndarray) -> None:  # fmt: skip
@@ -464,7 +513,7 @@ def _transfer(
     comm: Any,
     leaves: dict[str, _Leaf],
     targets: dict[str, list[Block]],
-    servers: dict[int, int],
+    serve: Any,
     openers: dict[int, Any],
     chosen: dict[int, str],
     old: int,
@@ -476,13 +525,21 @@ def _transfer(
     alloc = alloc or (lambda key, shape, dtype: np.empty(shape, dtype))
     outputs, flat = _outputs(leaves, targets, rank, size, old, per_rank, alloc)
     mover = _Mover(comm, openers, chosen)
+    # every rank runs the moves in one order, so a rank blocked in a send or receive
+    # waits only for its partner's earlier moves: the moves between ranks go first, and
+    # each rank's reads for itself after them run at the same time as the others'
+    moves = sorted(_transfers(leaves, targets, old, size, per_rank),
+                   key=lambda m: serve(m[1], m[4]) == m[4])  # fmt: skip
     try:
-        for name, r, src, box, client, key, dst in _transfers(leaves, targets, old, size,
-                                                               per_rank):  # fmt: skip
-            server = servers[r]
+        for name, r, src, box, client, _, _ in moves:  # the disk reads ahead while we work
+            if serve(r, client) == rank and math.prod(box):
+                mover.prefetch(r, name, src, box)
+        for name, r, src, box, client, key, dst in moves:
+            server = serve(r, client)
             if (client not in (rank, -1) and rank != server) or not math.prod(box):
                 continue
             mover.move(name, r, server, src, box, client, outputs[key], dst)
+        mover.finish()
     finally:
         mover.close()
     for key, value in outputs.items():

@@ -23,6 +23,15 @@ arrays), in the same run:
   Page-cache pages of the files are dropped first (``posix_fadvise DONTNEED``), so reads
   come from the disk.
 
+With ``--reshard`` (default size 1 GiB): a global state (four float32 arrays, each
+``Sharded`` over the ranks along axis 0) is saved at each level, then restored by the
+whole job (``same-<level>``: every rank reads its own shard) and by jobs of fewer ranks
+(``reshard-<level>-<N>``: the first N ranks, each reading the overlaps of the saved
+blocks with its new block); the ratio is GB/s against the same-count restore of the
+level. Partner and xor rebuild node 0's data, deleted first, in both. ``peak_extra_mib``
+is the most memory a resharding restore held beyond the new state (tracemalloc, in an
+untimed run), to compare with one 32 MiB piece.
+
 Times are the median over ``--repeats`` of the slowest rank; ``spread`` is the
 interquartile range over the median.
 """
@@ -54,6 +63,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dir",
         default=".",
         help="where to write (a temporary folder is made and removed there; default .)",
+    )
+    parser.add_argument(
+        "--reshard",
+        action="store_true",
+        help="restore a sharded state on fewer ranks than saved it, per level (default size 1GiB)",
     )
     parser.add_argument(
         "--warm-cache",
@@ -332,6 +346,123 @@ class _Bench:
             self.emit(row, total, row.doc["median_s"] / local_time, "restore-local")
 
 
+def _sharded(nbytes: int, rank: int, size: int) -> dict[str, Any]:
+    """Four float32 global arrays of ``nbytes`` in all; this rank's even block of each."""
+    from hpcpar.checkpoint import Sharded
+    from hpcpar.checkpoint.sharding import even_block
+
+    n = max(size, nbytes // 16)
+    out = {}
+    for i in range(4):
+        offset, shape = even_block((n,), 0, rank, size)
+        out[f"layer{i}"] = {"w": Sharded(_values(i, offset[0], shape[0]), (n,), offset)}
+    return out
+
+
+def _values(layer: int, start: int, n: int) -> np.ndarray:
+    """The values of ``_sharded``'s layer ``layer`` at indices ``start .. start + n``."""
+    return ((np.arange(start, start + n) % 65521) + layer).astype(np.float32)
+
+
+def _sub_job(comm: Any, n: int, layout: Any, work: Callable[[Any], Any]) -> Any:
+    """Run ``work(hierarchy)`` on the first ``n`` ranks; every rank gets rank 0's result.
+
+    The other ranks wait asleep (a test of a barrier every millisecond), not spinning
+    in MPI: on a machine with fewer cores than ranks they would slow the job down.
+    """
+    from ..topology import Hierarchy
+
+    rank = comm.Get_rank()
+    sub = comm.Split(0 if rank < n else 1, rank)
+    out = None
+    try:
+        if rank < n:
+            with Hierarchy(sub, layout=layout) as h:
+                out = work(h)
+    finally:
+        sub.Free()
+    done = comm.Ibarrier()
+    while not done.Test():
+        time.sleep(0.001)
+    return comm.bcast(out, root=0)
+
+
+def _reshards(bench: _Bench, nominal: int) -> None:
+    """Same-count and resharding restores per level (see the module's description)."""
+    import tracemalloc
+
+    from hpcpar.checkpoint import Checkpointer, faults
+
+    comm, size, args = bench.comm, bench.comm.Get_size(), bench.args
+    multi = bench.h.n_nodes >= 2
+    levels = ["local", "hdf5"] + (["partner", "xor"] if multi else [])
+    counts = [n for n in (2, 3) if n < size] or [n for n in (1,) if n < size]
+    total = 4 * 4 * max(size, nominal // 16)
+
+    def restore(h: Any, folder: Path, level: str) -> tuple[float, bool, int]:
+        usable = [level] if h.n_nodes >= 2 or level in ("local", "hdf5") else ["local"]
+        with Checkpointer(folder, comm=h, levels=usable) as ck:
+            c = h.comm
+            if not args.warm_cache and c.Get_rank() == 0:
+                _drop_cache(folder)
+            c.Barrier()
+            start = time.perf_counter()
+            _, got = ck.restore()
+            took = c.allreduce(time.perf_counter() - start, op=_max())
+            good = all(_whole(int(k[5:]), got[k]["w"]) for k in got)
+            return (
+                took,
+                bool(c.allreduce(good, op=_land())),
+                sum(got[k]["w"].block.nbytes for k in got),
+            )
+
+    def peak(h: Any, folder: Path, level: str) -> float:
+        usable = [level] if h.n_nodes >= 2 or level in ("local", "hdf5") else ["local"]
+        with Checkpointer(folder, comm=h, levels=usable) as ck:
+            tracemalloc.start()
+            _, got = ck.restore()
+            extra = tracemalloc.get_traced_memory()[1] - sum(got[k]["w"].block.nbytes for k in got)
+            tracemalloc.stop()
+            return float(h.comm.allreduce(extra, op=_max())) / (1 << 20)
+
+    for level in levels:
+        folder = bench.work / f"reshard-{level}"
+        state = _sharded(nominal, bench.rank, size)
+        with Checkpointer(folder, comm=bench.h, levels=[level], overwrite=True) as ck:
+            ck.save(1, state).wait()
+        del state
+        if level in ("partner", "xor"):
+            if bench.rank == 0:
+                faults.delete_node(folder, 0)
+            comm.Barrier()
+        runs: dict[int, list[float]] = {n: [] for n in [size, *counts]}
+        valid = dict.fromkeys(runs, True)
+        for _ in range(args.repeats):
+            for n, times in runs.items():
+                took, good, _ = _sub_job(
+                    comm, n, args.layout, lambda h, f=folder, lv=level: restore(h, f, lv)
+                )
+                times.append(took)
+                valid[n] = valid[n] and good
+        same = float(np.median(runs[size]))
+        bench.emit(_row(total, f"same-{level}", runs[size], valid=valid[size]), total, 1.0,
+                   f"same-{level}")  # fmt: skip
+        for n in counts:
+            extra = _sub_job(comm, n, args.layout, lambda h, f=folder, lv=level: peak(h, f, lv))
+            row = _row(total, f"reshard-{level}-{n}", runs[n], valid=valid[n],
+                       peak_extra_mib=round(extra, 1))  # fmt: skip
+            bench.emit(row, total, same / float(np.median(runs[n])), f"same-{level}")
+            bench.say(f"  {'':8s} {'':18s} peak memory beyond the new state: {extra:.1f} MiB")
+        comm.Barrier()
+        if bench.rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _whole(layer: int, leaf: Any) -> bool:
+    """Whether a restored block holds the values ``_sharded`` gave its indices."""
+    return bool(np.array_equal(leaf.block, _values(layer, leaf.offset[0], leaf.block.size)))
+
+
 def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     from ..errors import UsageError
     from ..runtime.results import mpi_library
@@ -355,6 +486,21 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     )
     bench.say(f"# {'size':>8s} {'variant':18s} {'median_s':>9s} {'min_s':>9s} {'max_s':>9s} "
               f"{'spread%':>7s} {'GB/s':>7s}  ratio")  # fmt: skip
+    if args.reshard:
+        if args.min_size == "64MiB" and args.max_size == "256MiB":
+            sizes = [1 << 30]
+        try:
+            for nominal in sizes:
+                _reshards(bench, nominal)
+        except BaseException:
+            if rank == 0:  # no barrier: the error aborts the job
+                shutil.rmtree(top, ignore_errors=True)
+            raise
+        comm.Barrier()
+        if rank == 0:
+            shutil.rmtree(top, ignore_errors=True)
+        h.free()
+        return bench.rows
     try:
         for nominal in sizes:
             share = nominal // size

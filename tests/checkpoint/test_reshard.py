@@ -343,3 +343,58 @@ def test_export_and_inspect_from_the_command_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "no").exists() and out.exists()  # nothing half-written
+
+
+@pytest.mark.reliability("fault")
+@pytest.mark.parametrize("node_local", [False, True])
+def test_small_pieces_many_checksum_blocks_and_a_damaged_block(comm, tmp_path, monkeypatch,
+                                                                node_local):  # fmt: skip
+    """Pieces far smaller than the arrays (sends overlap reads, targets not contiguous),
+    arrays of several checksum blocks read in part, and a flipped byte in one block: the
+    saved rank it belongs to is read again from the next level. With ``node_local`` each
+    restoring rank sees only some saved ranks' files (as on nodes with their own disks),
+    so the others' parts reach it in messages."""
+    from hpcpar.checkpoint import reshard
+
+    monkeypatch.setattr(reshard, "PIECE_BYTES", 1 << 16)
+    restoring = [1]
+    if node_local:
+        everything = reshard.find_sources
+
+        def visible_here(*args):
+            found = everything(*args)
+            me, n = comm.Get_rank(), restoring[0]
+            return {r: (v if r % n == me else {}) for r, v in found.items()}
+
+        monkeypatch.setattr(reshard, "find_sources", visible_here)
+    root = shared_dir(comm, tmp_path) / "ck"
+    rank, size = comm.Get_rank(), comm.Get_size()
+    big = np.random.default_rng(1).standard_normal(400_003)  # 3.2 MB: 4 checksum blocks
+    wide = np.arange(40 * 3001, dtype=np.int32).reshape(40, 3001)
+    off, shp = even_block(big.shape, 0, rank, size)
+    woff, wshp = even_block(wide.shape, 0, rank, size)
+    state = {
+        "big": Sharded(big[off[0] : off[0] + shp[0]].copy(), big.shape, off),
+        "wide": Sharded(wide[woff[0] : woff[0] + wshp[0]].copy(), wide.shape, woff),
+    }
+    with Checkpointer(root, comm=comm, levels=["local", "hdf5"]) as ck:
+        ck.save(1, state).wait()
+    if rank == 0:  # a byte in the middle of saved rank 0's first array
+        from hpcpar.checkpoint import faults
+
+        faults.flip_bytes(faults.shard_path(root, "local", 1, 0), 1 << 19)
+    comm.Barrier()
+
+    def restore(sub):
+        with Checkpointer(root, comm=sub, levels=["local", "hdf5"]) as ck:
+            n = sub.Get_size()
+            _, got = ck.restore(reshard={"big": 0, "wide": 1})  # wide: cut the other way
+            o, s = even_block(big.shape, 0, sub.Get_rank(), n)
+            assert np.array_equal(got["big"].block, big[o[0] : o[0] + s[0]])
+            o, s = even_block(wide.shape, 1, sub.Get_rank(), n)
+            assert np.array_equal(got["wide"].block, wide[:, o[1] : o[1] + s[1]])
+            assert ck.restored_from[0] == "hdf5" and set(ck.restored_from[1:]) <= {"local"}
+
+    for n in range(1, SIZE + 1):
+        restoring[0] = n
+        in_group(comm, n, restore)
