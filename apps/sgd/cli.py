@@ -94,7 +94,7 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     if step:
         say(f"# resumed at step {step} (epoch {epoch}, batch {start})")
     try:
-        _train(args, trainer, model, ck, rows, (epoch, start), comm.Get_rank() == 0)
+        _train(args, trainer, model, ck, rows, (epoch, start), comm)
     finally:
         if ck is not None:
             ck.close(sync=sys.exc_info()[0] is None)  # no barrier on an error path
@@ -112,7 +112,7 @@ def _train(
     ck: Any,
     rows: list[dict[str, Any]],
     begin: tuple[int, int],
-    rank0: bool,
+    comm: Any,
 ) -> None:
     """The epochs from ``begin`` (epoch, batch), saving every ``--checkpoint-every``.
 
@@ -120,6 +120,7 @@ def _train(
     checkpoint carries every finished epoch's figures (``_history``).
     """
     epoch, start = begin
+    rank0 = comm.Get_rank() == 0
     say = print if rank0 else (lambda *a, **k: None)
     per_epoch = args.mode in ("async", "hogwild")  # these modes meet only at epoch ends
     if args.checkpoint_every is None:  # with --checkpoint: at every epoch's end
@@ -127,10 +128,17 @@ def _train(
     progress = _Progress(args, rank0 and not per_epoch)
 
     def save(e: int, index: int, last: bool) -> None:
+        from hpcpar.checkpoint import Replicated
+
+        # sync training keeps one model on every rank: saved once, it restores on any
+        # number of ranks (the data position is global); the other modes' models differ
+        # by rank. The figures are rank 0's (their timings differ by rank).
+        params = Replicated(model.params) if args.mode == "sync" else model.params
+        history = Replicated(comm.bcast(_history(rows), root=0))
         state = {"app": "sgd", "model": args.model, "dataset": args.dataset,
-                 "params": model.params, "step": trainer.step,
+                 "params": params, "step": trainer.step,
                  "epoch": e + 1 if last else e, "next": 0 if last else index + 1,
-                 "history": _history(rows)}  # fmt: skip
+                 "history": history}  # fmt: skip
         ck.save(trainer.step, state)
 
     def due() -> bool:
@@ -186,12 +194,15 @@ def _resume(
     """
     if not args.checkpoint:
         return None, 0, 0, 0, []
-    from hpcpar.checkpoint import Checkpointer
+    import numpy as np
+    from hpcpar.checkpoint import Checkpointer, Replicated, Sharded
 
     ck = Checkpointer(args.checkpoint, comm=h, levels=["memory", "local"])
     if not ck.versions():
         return ck, 0, 0, 0, []
     _, state = ck.restore()
+    state = {k: (np.asarray(v) if isinstance(v, (Replicated, Sharded)) else v)
+             for k, v in state.items()}  # fmt: skip
     _check_resumable(args, state, model)
     model.params[:] = state["params"]
     history = state.get("history")

@@ -146,3 +146,40 @@ def test_the_demo_sgd_step_passes_again_in_the_same_folder(tmp_path):
         same, figure = killed_and_resumed(tmp_path)
         assert same, f"attempt {attempt}: {figure}"
         assert "killed (exit 0)" not in figure, figure
+
+
+@pytest.mark.slow
+@pytest.mark.reliability("fault")
+def test_training_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_model(tmp_path):
+    """Sync training saves its one model once (Replicated) and the global data position,
+    so it resumes on another number of ranks; with --reproducible and --full-data (each
+    global batch the same rows at any rank count) the model is bitwise the same at every
+    rank count, so the resumed run's is the uninterrupted run's."""
+    import sys
+
+    from launching import clean_env, launch
+
+    def train(ranks, out, *extra, env=None):
+        args = ["-m", "hpcpar", "sgd", "--dataset", "wine", "--model", "mlp", "--hidden", "8",
+                "--epochs", "3", "--batch", "24", "--lr", "0.05", "--reproducible",
+                "--full-data", "--out", str(out), *extra]  # fmt: skip
+        return launch(ranks, sys.executable, *args, layout="ppn:1", env=env)
+
+    plain = train(2, tmp_path / "plain.json")
+    assert plain.returncode == 0, plain.stderr
+    for ranks in (1, 3):
+        ck = ["--checkpoint", str(tmp_path / f"ck{ranks}"), "--checkpoint-every", "4"]
+        fault = clean_env(HPCPAR_CHECKPOINT_FAULT="kill=after-commit,step=8,rank=1")
+        crashed = train(2, tmp_path / "killed.json", *ck, env=fault)
+        assert crashed.returncode != 0
+        again = train(ranks, tmp_path / f"resumed{ranks}.json", *ck)
+        assert again.returncode == 0, again.stderr
+        assert "# resumed at step 8" in again.stdout, again.stdout
+        same = np.load(tmp_path / "plain.npy"), np.load(tmp_path / f"resumed{ranks}.npy")
+        assert np.array_equal(*same), ranks
+    # the other modes keep a model per rank: another rank count is refused by name
+    ck = ["--checkpoint", str(tmp_path / "cka"), "--checkpoint-every", "1", "--mode", "async"]
+    assert train(2, tmp_path / "a.json", *ck).returncode == 0
+    again = train(3, tmp_path / "b.json", *ck, "--epochs", "4")
+    assert again.returncode == 2 and "'params'" in again.stderr, again.stderr
+    assert len(again.stderr.strip().splitlines()) <= 3, again.stderr
