@@ -120,10 +120,7 @@ class XorBytes:
                     part = scratch[:n]
                     if begin >= self.lengths[i]:
                         continue  # past the member's end: zeros, XOR's identity
-                    shard.read_into(begin, part)
-                    cut = max(0, self.lengths[i] - begin)
-                    if cut < n:
-                        part[cut:] = 0
+                    shard.read_into(begin, part)  # zeros past the member's end
                     np.bitwise_xor(piece, part, out=piece)
             pos += n
 

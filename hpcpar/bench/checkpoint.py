@@ -399,9 +399,11 @@ def _reshards(bench: _Bench, nominal: int) -> None:
     counts = [n for n in (2, 3) if n < size] or [n for n in (1,) if n < size]
     total = 4 * 4 * max(size, nominal // 16)
 
-    def restore(h: Any, folder: Path, level: str) -> tuple[float, bool, int]:
-        usable = [level] if h.n_nodes >= 2 or level in ("local", "hdf5") else ["local"]
-        with Checkpointer(folder, comm=h, levels=usable) as ck:
+    def usable(h: Any, level: str) -> list[str]:  # one node holds no partner or XOR level
+        return [level] if h.n_nodes >= 2 or level in ("local", "hdf5") else ["local"]
+
+    def restore(h: Any, folder: Path, level: str) -> tuple[float, bool]:
+        with Checkpointer(folder, comm=h, levels=usable(h, level)) as ck:
             c = h.comm
             if not args.warm_cache and c.Get_rank() == 0:
                 _drop_cache(folder)
@@ -410,15 +412,10 @@ def _reshards(bench: _Bench, nominal: int) -> None:
             _, got = ck.restore()
             took = c.allreduce(time.perf_counter() - start, op=_max())
             good = all(_whole(int(k[5:]), got[k]["w"]) for k in got)
-            return (
-                took,
-                bool(c.allreduce(good, op=_land())),
-                sum(got[k]["w"].block.nbytes for k in got),
-            )
+            return took, bool(c.allreduce(good, op=_land()))
 
     def peak(h: Any, folder: Path, level: str) -> float:
-        usable = [level] if h.n_nodes >= 2 or level in ("local", "hdf5") else ["local"]
-        with Checkpointer(folder, comm=h, levels=usable) as ck:
+        with Checkpointer(folder, comm=h, levels=usable(h, level)) as ck:
             tracemalloc.start()
             _, got = ck.restore()
             extra = tracemalloc.get_traced_memory()[1] - sum(got[k]["w"].block.nbytes for k in got)
@@ -439,7 +436,7 @@ def _reshards(bench: _Bench, nominal: int) -> None:
         valid = dict.fromkeys(runs, True)
         for _ in range(args.repeats):
             for n, times in runs.items():
-                took, good, _ = _sub_job(
+                took, good = _sub_job(
                     comm, n, args.layout, lambda h, f=folder, lv=level: restore(h, f, lv)
                 )
                 times.append(took)
@@ -486,23 +483,13 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     )
     bench.say(f"# {'size':>8s} {'variant':18s} {'median_s':>9s} {'min_s':>9s} {'max_s':>9s} "
               f"{'spread%':>7s} {'GB/s':>7s}  ratio")  # fmt: skip
-    if args.reshard:
-        if args.min_size == "64MiB" and args.max_size == "256MiB":
-            sizes = [1 << 30]
-        try:
-            for nominal in sizes:
-                _reshards(bench, nominal)
-        except BaseException:
-            if rank == 0:  # no barrier: the error aborts the job
-                shutil.rmtree(top, ignore_errors=True)
-            raise
-        comm.Barrier()
-        if rank == 0:
-            shutil.rmtree(top, ignore_errors=True)
-        h.free()
-        return bench.rows
+    if args.reshard and args.min_size == "64MiB" and args.max_size == "256MiB":
+        sizes = [1 << 30]  # --reshard's default size
     try:
         for nominal in sizes:
+            if args.reshard:
+                _reshards(bench, nominal)
+                continue
             share = nominal // size
             state = _state(share, rank)
             total = comm.allreduce(sum(v["w"].nbytes for v in state.values()))
