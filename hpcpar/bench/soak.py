@@ -24,8 +24,6 @@ __all__: list[str] = []
 
 COLLECTIVES = ("allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall",
                "barrier")  # fmt: skip
-NONBLOCKING = {"allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall",
-               "barrier"}  # fmt: skip
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +66,7 @@ class _Draw:
         self.collective = COLLECTIVES[int(rng.integers(len(COLLECTIVES)))]
         choices = ["auto", *algorithms[self.collective]]
         self.algorithm = choices[int(rng.integers(len(choices)))]
-        self.blocking = bool(rng.integers(4)) or self.collective not in NONBLOCKING
+        self.blocking = bool(rng.integers(4))  # every collective has a nonblocking form
         count = int(np.exp(rng.uniform(0, np.log(max_count + 1))))
         if self.collective == "alltoall":
             count = max(1, count // size) * size
