@@ -19,6 +19,7 @@ field checked, nothing executed. The analyses here work on the loaded records:
 from __future__ import annotations
 
 import atexit
+import bisect
 import contextlib
 import json
 import math
@@ -251,22 +252,31 @@ def first_divergence(trace: dict[int, list[dict[str, Any]]]) -> str | None:
     ranks that called different things at one number, or ranks whose record stops
     before a number the others reached.
     """
-    per_comm: dict[str, dict[int, dict[int, dict[str, Any]]]] = {}
+    # runs of calls, not one item per call: a record's counts may be large (or crafted)
+    per_comm: dict[str, dict[int, list[tuple[int, int, dict[str, Any]]]]] = {}
     for rank, entries in trace.items():
         for entry in entries:
-            if _collective(entry):
-                for k in range(entry["calls"]):
-                    per_comm.setdefault(entry["comm"], {}).setdefault(rank, {})[
-                        entry["seq"] + k
-                    ] = entry
+            if _collective(entry) and entry["calls"] > 0:
+                runs = per_comm.setdefault(entry["comm"], {}).setdefault(rank, [])
+                runs.append((entry["seq"], entry["calls"], entry))
     found: list[tuple[float, str]] = []
     for comm, ranks in per_comm.items():
         if len(ranks) < 2 and len(trace) > 1:
             continue
-        start = max(min(seqs) for seqs in ranks.values())
-        end = max(max(seqs) for seqs in ranks.values())
-        for seq in range(start, end + 1):
-            present = {r: seqs[seq] for r, seqs in ranks.items() if seq in seqs}
+        for runs in ranks.values():
+            runs.sort(key=lambda run: run[0])
+        start = max(runs[0][0] for runs in ranks.values())
+        end = max(max(s + c - 1 for s, c, _ in runs) for runs in ranks.values())
+        # what each rank did is the same between two run boundaries: look at each start
+        points = {start} | {
+            p
+            for runs in ranks.values()
+            for s, c, _ in runs
+            for p in (s, s + c)
+            if start <= p <= end
+        }
+        for seq in sorted(points):
+            present = {r: e for r, runs in ranks.items() if (e := _covering(runs, seq))}
             missing = sorted(set(ranks) - set(present))
             kinds: dict[tuple[Any, ...], list[int]] = {}
             for r, entry in present.items():
@@ -278,14 +288,23 @@ def first_divergence(trace: dict[int, list[dict[str, Any]]]) -> str | None:
                     for rs in kinds.values()
                 ]
                 for r in missing:
-                    last = max(ranks[r])
+                    s, c, e = max(ranks[r], key=lambda run: run[0] + run[1])
                     parts.append(
                         f"rank {r} never got there (its last call on {comm} was "
-                        f"#{last}, {describe(ranks[r][last])})"
+                        f"#{s + c - 1}, {describe(e)})"
                     )
                 found.append((when, f"{comm} #{seq}: " + "; ".join(parts)))
                 break
     return min(found)[1] if found else None
+
+
+def _covering(runs: list[tuple[int, int, dict[str, Any]]], seq: int) -> dict[str, Any] | None:
+    """The entry of the last run (sorted by start) that covers sequence number ``seq``."""
+    at = bisect.bisect_right(runs, seq, key=lambda run: run[0])
+    for s, c, entry in reversed(runs[:at]):
+        if s + c > seq:
+            return entry
+    return None
 
 
 def _ranks(ranks: Iterable[int]) -> str:

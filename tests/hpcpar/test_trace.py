@@ -47,6 +47,18 @@ def test_the_first_divergence_is_a_different_call_or_a_rank_that_never_arrived(t
     )
 
 
+def test_runs_of_calls_are_compared_as_runs_however_long():
+    """A record's run of 10^15 identical calls (a long job, or a crafted file) is one
+    comparison, not one per call; a rank that stopped early is still named."""
+    long = 10**15
+    loaded = {0: [entry(0, calls=long)], 1: [entry(0, calls=long - 7)]}
+    found = trace.first_divergence(loaded)
+    assert found.startswith(f"world #{long - 7}: rank(s) 0 called allreduce")
+    assert f"rank 1 never got there (its last call on world was #{long - 8}" in found
+    loaded[1] = [entry(0, calls=5), entry(5, calls=long - 5)]
+    assert trace.first_divergence(loaded) is None
+
+
 def test_a_rank_that_arrives_late_again_and_again_is_named(tmp_path):
     for rank in range(4):
         late = 0.004 if rank == 2 else 0.0001 * rank
