@@ -20,7 +20,7 @@ from pathlib import Path
 from .errors import LaunchError
 from .layout import format_ranks, node_assignment
 from .runtime.env import usable_cores
-from .runtime.exits import EARLY_EXIT, unfinished
+from .runtime.exits import EARLY_EXIT, ended, unfinished
 from .runtime.exits import ENV as EXIT_ENV
 from .runtime.mpiinfo import MPIInstallation, find_mpi
 
@@ -240,10 +240,16 @@ def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
     A job where some rank left without finishing (``os._exit``, a signal) and that ends
     with status 0, or with the signal the MPI launcher then sends the other ranks, is
     reported, naming those ranks; status 0 becomes ``EARLY_EXIT`` (``runtime.exits``).
+    A job that a rank ended on purpose (the watchdog) returns the status that rank gave.
     """
     with tempfile.TemporaryDirectory(prefix="hpcpar-exits-") as exits:
         status = _run(plan, timeout, {**os.environ, **plan.env, EXIT_ENV: exits})
         gone = unfinished(Path(exits))
+        chosen = sorted(set(ended(Path(exits)).values()))
+    if chosen and status in (0, 9, 15, 137, 143, *chosen):
+        # a rank ended the job on purpose (the watchdog): the MPI launcher's status is
+        # that of whichever rank it saw end first, or of its kill of the rest
+        status = chosen[0]
     if gone and status in (0, 9, 15, 137, 143):  # 0, or the launcher's kill of the rest
         ranks = format_ranks(gone)
         status = status or EARLY_EXIT

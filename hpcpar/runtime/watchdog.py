@@ -397,9 +397,11 @@ def _frame_text(frame: Any) -> str:
 
 
 def _exit() -> None:
+    from .exits import mark_ended
     from .trace import dump
 
     dump(final=True)  # this rank's flight record, when HPCPAR_TRACE asks for it
+    mark_ended(EXIT_STATUS)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_STATUS)

@@ -150,3 +150,31 @@ def test_a_killed_job_leaves_no_mpich_shared_memory(tmp_path):
     assert run.returncode != 0
     left = {n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")} - before
     assert not left, left
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ender", [0, 2])
+def test_a_rank_that_ends_the_job_on_purpose_gives_the_job_its_status(tmp_path, ender):
+    """The MPI launcher reports whichever rank it saw end first (or its kill of the rest);
+    hpcpar launch reports the status the ending rank chose, and no rank as lost."""
+    import os
+    import subprocess
+
+    script = tmp_path / "end.py"
+    script.write_text(
+        "import os, time\n"
+        "import hpcpar\n"
+        "from hpcpar.runtime.exits import mark_ended\n"
+        "comm = hpcpar.default_comm()\n"
+        "hpcpar.barrier()\n"
+        f"if comm.Get_rank() == {ender}:\n"
+        "    mark_ended(4)\n"
+        "    os._exit(4)\n"
+        "time.sleep(60)\n"
+    )
+    mine = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "HPCPAR_"))}
+    run = subprocess.run([sys.executable, "-m", "hpcpar", "launch", "-n", "3", "--timeout", "90",
+                          "--", "python", str(script)], env=mine, capture_output=True,
+                         text=True, timeout=100)  # fmt: skip
+    assert run.returncode == 4, run.stderr
+    assert "left the job without finishing" not in run.stderr, run.stderr
