@@ -225,7 +225,8 @@ def blocked_in(frame: Any) -> str | None:
                 return None
             outer = outer.f_back
         return "hpcpar"
-    line = linecache.getline(path, frame.f_lineno)
+    lineno = frame.f_lineno  # None while the frame has no current line (being set up)
+    line = linecache.getline(path, lineno) if lineno is not None else ""
     if line and _MPI_CALL.search(line):
         return "mpi"
     return None

@@ -188,3 +188,13 @@ def test_hpcpar_code_waits_in_a_call_but_its_command_line_tools_do_not():
 
     assert blocked_in(frame_in(collectives_package)) == "hpcpar"
     assert blocked_in(frame_in(cli_package)) is None
+
+
+def test_a_frame_without_a_current_line_is_not_taken_for_a_wait():
+    """A frame being set up has ``f_lineno`` None: the monitor samples it without failing."""
+    from types import SimpleNamespace
+
+    from hpcpar.runtime.watchdog import blocked_in
+
+    frame = SimpleNamespace(f_code=SimpleNamespace(co_filename=__file__), f_lineno=None)
+    assert blocked_in(frame) is None
