@@ -121,7 +121,7 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
 
         ck = Checkpointer(args.checkpoint, comm=h, levels=["memory", "local"])
         if ck.versions():
-            _, state = ck.restore()
+            _, state = ck.restore(reshard=solver.blocks())  # saved on any number of ranks
             solver.load_state(state)
             say(f"# resumed at iteration {solver.t} (from {','.join(set(ck.restored_from))})")
     rows: list[dict[str, Any]] = []

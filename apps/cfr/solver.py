@@ -16,6 +16,13 @@ Ranks split each player's sequence forest by its root infosets (whole subtrees, 
 by size). A rank computes its own part of every pass; after each forward pass the
 realisation plans are gathered (``hpcpar.allgather``), the only communication. Every
 array op is the same on numpy and cupy (``xp``), sparse products through scipy or cupyx.
+
+Gathered plans and checkpoints use one *canonical* sequence order that does not depend
+on the rank count: root subtree, then own depth, then the tree's order. Every rank's
+part is one block of it (subtrees go to ranks in order), so a checkpoint's arrays are
+``Sharded`` blocks of global arrays and restore on any number of ranks, and every sum
+runs in the same order at any rank count: the results on the CPU are bitwise the same
+on 1, 2, 3 or more ranks.
 """
 
 from __future__ import annotations
@@ -49,23 +56,27 @@ class _Part:
     (0), and slot ``L + 1`` for the empty sequence (reach 1; it collects root values).
     """
 
-    def __init__(self, seqs: PlayerSeqs, owned: np.ndarray, new_seq: np.ndarray, xp: Any) -> None:
-        # owned: this rank's infosets (original numbers), in (depth, original) order
+    def __init__(self, seqs: PlayerSeqs, owned: np.ndarray, canon: np.ndarray, xp: Any) -> None:
+        # owned: this rank's infosets (original numbers), in (depth, original) order;
+        # canon: the canonical number of every sequence (the empty one 0)
         n_act = seqs.n_actions[owned]
         self.n_inf = owned.size
         self.L = int(n_act.sum())
         pad, empty = self.L, self.L + 1
         first_local = np.concatenate([[0], np.cumsum(n_act)[:-1]]).astype(np.int64)
-        old_seqs = (
-            np.concatenate(
-                [np.arange(seqs.first[i], seqs.first[i] + seqs.n_actions[i]) for i in owned]
-            )
-            if self.n_inf
-            else np.zeros(0, np.int64)
-        )
+        old_seqs = _sequences(seqs, owned)
         local_of_old = {int(s): j for j, s in enumerate(old_seqs)}
         self.old_seqs = old_seqs  # original sequence numbers, local order
-        self.global_seqs = new_seq[old_seqs] if old_seqs.size else old_seqs
+        # this rank's block of the canonical order: where it starts, and the permutations
+        # between it and the local order (canonical = local[to_canon], local = canonical[
+        # from_canon])
+        position = canon[old_seqs] - 1
+        self.offset = int(position.min()) if self.L else 0
+        self.from_canon = position - self.offset
+        self.to_canon = np.argsort(self.from_canon)
+        if self.L and int(position.max()) - self.offset + 1 != self.L:
+            raise CfrError("internal: a rank's sequences are not one block of the canonical order")
+        self.to_canon_xp = xp.asarray(self.to_canon)
         inf_of = np.repeat(np.arange(self.n_inf), n_act)
         parent_local = np.array(
             [empty if seqs.parent[i] == 0 else local_of_old[int(seqs.parent[i])] for i in owned],
@@ -150,37 +161,34 @@ class Solver:
     def _setup(self) -> None:
         xp, tree = self.xp, self.tree
         self.parts: list[_Part] = []
-        self.new_seq: list[np.ndarray] = []
+        self.canon: list[np.ndarray] = []
         self.counts: list[list[int]] = []
-        owners = [_partition(seqs, self.size) for seqs in tree.players]
-        for p, seqs in enumerate(tree.players):
-            owner = owners[p]
-            # global renumbering: rank blocks, then own depth, then the original order
-            order = np.lexsort((np.arange(seqs.n_infosets), seqs.depth, owner))
-            new_seq = np.zeros(seqs.n_seq, dtype=np.int64)
-            pos = 1
-            for i in order:
-                n = int(seqs.n_actions[i])
-                new_seq[seqs.first[i] : seqs.first[i] + n] = np.arange(pos, pos + n)
-                pos += n
-            self.new_seq.append(new_seq)
+        for seqs in tree.players:
+            root = _roots(seqs)
+            owner = _partition(seqs, root, self.size)
+            infosets = np.arange(seqs.n_infosets)
+            canonical = np.lexsort((infosets, seqs.depth, root))
+            canon = np.zeros(seqs.n_seq, dtype=np.int64)
+            canon[_sequences(seqs, canonical)] = np.arange(1, seqs.n_seq)
+            self.canon.append(canon)
             self.counts.append([int(seqs.n_actions[owner == r].sum()) for r in range(self.size)])
-            mine = order[owner[order] == self.rank]
-            self.parts.append(_Part(seqs, mine, new_seq, xp))
-        rows = self.new_seq[0][tree.rows]
-        cols = self.new_seq[1][tree.cols]
+            local = np.lexsort((infosets, seqs.depth))  # own depth, then the tree's order
+            self.parts.append(_Part(seqs, local[owner[local] == self.rank], canon, xp))
         n0, n1 = tree.players[0].n_seq, tree.players[1].n_seq
         self.mats, self.empty_rows = [], []
-        for p, (r, c, sign) in enumerate(((rows, cols, 1.0), (cols, rows, -1.0))):
+        pairs = ((tree.rows, tree.cols, 1.0), (tree.cols, tree.rows, -1.0))
+        for p, (r, c, sign) in enumerate(pairs):
             part = self.parts[p]
-            base = 1 + sum(self.counts[p][: self.rank])
-            keep = (r >= base) & (r < base + part.L)
+            local_of = np.full((n0, n1)[p], -1, dtype=np.int64)
+            local_of[part.old_seqs] = np.arange(part.L)
+            keep = local_of[r] >= 0
+            cols = self.canon[1 - p][c]  # the other player's gathered plan is canonical
             shape = (part.L, (n1, n0)[p])
-            local = _csr(self.sparse, xp, sign * tree.vals[keep], r[keep] - base, c[keep], shape)
-            self.mats.append(local)
+            rows = local_of[r[keep]]
+            self.mats.append(_csr(self.sparse, xp, sign * tree.vals[keep], rows, cols[keep], shape))
             top = r == 0
             self.empty_rows.append(
-                _csr(self.sparse, xp, sign * tree.vals[top], r[top], c[top], (1, shape[1]))
+                _csr(self.sparse, xp, sign * tree.vals[top], r[top], cols[top], (1, shape[1]))
                 if self.rank == 0
                 else None
             )
@@ -215,9 +223,9 @@ class Solver:
         return x
 
     def _gather(self, p: int, x: Any) -> Any:
-        """Player p's whole realisation plan, in global sequence order (empty first)."""
+        """Player p's whole realisation plan, in canonical sequence order (empty first)."""
         xp, part = self.xp, self.parts[p]
-        local = x[: part.L]
+        local = x[: part.L][part.to_canon_xp]
         if self.comm is None:
             return xp.concatenate([xp.ones(1), local])
         import hpcpar
@@ -351,23 +359,47 @@ class Solver:
 
     # ---- checkpoint state --------------------------------------------------------------
 
+    _ARRAYS = ("regret", "strategy_sum", "last_regret", "sigma")
+
     def state(self) -> dict[str, Any]:
-        """This rank's solver state, for ``hpcpar.checkpoint`` (host arrays)."""
+        """This rank's solver state, for ``hpcpar.checkpoint`` (host arrays).
+
+        Every array is this rank's ``Sharded`` block of the player's canonical sequence
+        order, so the state restores on any number of ranks (``blocks()``).
+        """
+        from hpcpar.checkpoint import Sharded
+
         out: dict[str, Any] = {"t": self.t, "algorithm": self.algorithm, "game": self.tree.name}
         for p in (0, 1):
+            part, total = self.parts[p], self.tree.players[p].n_seq - 1
+            arrays = (self.regret, self.strategy_sum, self.last_regret, self.sigma)
             out[f"p{p}"] = {
-                "regret": _host(self.regret[p]),
-                "strategy_sum": _host(self.strategy_sum[p]),
-                "last_regret": _host(self.last_regret[p]),
-                "sigma": _host(self.sigma[p]),
+                name: Sharded(_host(a[p])[part.to_canon], (total,), (part.offset,))
+                for name, a in zip(self._ARRAYS, arrays, strict=True)
             }
         return out
 
+    def blocks(self) -> dict[str, tuple[tuple[int], tuple[int]]]:
+        """This rank's block of every array of ``state()``, by leaf name.
+
+        ``Checkpointer.restore(reshard=solver.blocks())`` restores a state saved on any
+        number of ranks onto this solver's.
+        """
+        return {
+            f"p{p}/{name}": ((part.offset,), (part.L,))
+            for p, part in enumerate(self.parts)
+            for name in self._ARRAYS
+        }
+
     def load_state(self, state: dict[str, Any]) -> None:
-        """Continue from ``state()`` of a run with the same game, algorithm and ranks.
+        """Continue from ``state()`` of a run with the same game and algorithm.
+
+        The arrays are this rank's blocks (``restore(reshard=solver.blocks())``), or the
+        per-rank arrays of a run on the same number of ranks.
 
         Raises:
-            CfrError: the state belongs to another game, algorithm or partition.
+            CfrError: the state belongs to another game or algorithm, or its arrays do
+                not fit this rank's part.
         """
         if "game" not in state or "algorithm" not in state:
             raise CfrError("checkpoint is of another app, not of cfr")
@@ -376,26 +408,60 @@ class Solver:
                 f"checkpoint is of {state.get('algorithm')} on {state.get('game')}, "
                 f"not {self.algorithm} on {self.tree.name}"
             )
+        from hpcpar.checkpoint import Sharded
+
         xp = self.xp
+        loaded = []
         for p in (0, 1):
-            saved = state[f"p{p}"]
-            if any(np.asarray(saved[k]).shape != (self.parts[p].L,) for k in saved):
-                raise CfrError("checkpoint arrays do not fit this tree and rank count")
-            self.regret[p] = xp.asarray(saved["regret"])
-            self.strategy_sum[p] = xp.asarray(saved["strategy_sum"])
-            self.last_regret[p] = xp.asarray(saved["last_regret"])
-            self.sigma[p] = xp.asarray(saved["sigma"])
+            part, saved = self.parts[p], state.get(f"p{p}")
+            if not isinstance(saved, dict) or set(saved) != set(self._ARRAYS):
+                raise CfrError(f"checkpoint has no solver arrays for player {p}")
+            arrays = []
+            for name in self._ARRAYS:
+                value = saved[name]
+                local = np.asarray(value)
+                if isinstance(value, Sharded):  # canonical order: back to the local one
+                    if value.offset != (part.offset,) or local.shape != (part.L,):
+                        raise CfrError(
+                            f"checkpoint block p{p}/{name} at {value.offset} of shape "
+                            f"{local.shape} is not this rank's ({part.offset},) of ({part.L},)"
+                        )
+                    local = local[part.from_canon]
+                elif local.shape != (part.L,):
+                    raise CfrError("checkpoint arrays do not fit this tree and rank count")
+                arrays.append(xp.asarray(local))
+            loaded.append(arrays)
+        for p, (regret, strategy_sum, last_regret, sigma) in enumerate(loaded):
+            self.regret[p], self.strategy_sum[p] = regret, strategy_sum
+            self.last_regret[p], self.sigma[p] = last_regret, sigma
         self.t = int(state["t"])
 
 
-def _partition(seqs: PlayerSeqs, size: int) -> np.ndarray:
-    """Owner rank per infoset: whole root subtrees in order, balanced by sequence count."""
-    n = seqs.n_infosets
-    root = np.arange(n)
+def _roots(seqs: PlayerSeqs) -> np.ndarray:
+    """The root infoset of every infoset's subtree."""
+    root = np.arange(seqs.n_infosets)
     inf_of = seqs.infoset_of_seq()
-    for i in range(n):  # parents come first (depth order)
+    for i in range(seqs.n_infosets):  # parents come first (depth order)
         if seqs.parent[i] != 0:
             root[i] = root[inf_of[seqs.parent[i]]]
+    return root
+
+
+def _sequences(seqs: PlayerSeqs, infosets: np.ndarray) -> np.ndarray:
+    """The sequence numbers of ``infosets``' actions, infoset by infoset."""
+    if not infosets.size:
+        return np.zeros(0, np.int64)
+    n = seqs.n_actions[infosets]
+    starts = np.repeat(seqs.first[infosets] - np.concatenate([[0], np.cumsum(n)[:-1]]), n)
+    return starts + np.arange(int(n.sum()))
+
+
+def _partition(seqs: PlayerSeqs, root: np.ndarray, size: int) -> np.ndarray:
+    """Owner rank per infoset: whole root subtrees in order, balanced by sequence count.
+
+    Owners do not decrease along the roots, so each rank's subtrees are consecutive.
+    """
+    n = seqs.n_infosets
     roots = np.unique(root)
     weight = np.bincount(root, weights=seqs.n_actions, minlength=n)[roots]
     cut = np.cumsum(weight) - weight / 2  # each subtree goes where its middle falls
@@ -426,6 +492,7 @@ def _csr(sparse: Any, xp: Any, vals: Any, rows: Any, cols: Any, shape: tuple[int
     from scipy import sparse as host_sparse
 
     matrix = host_sparse.csr_matrix((vals, (rows, cols)), shape=shape)
+    matrix.sort_indices()  # each row's terms in canonical column order: the same at any rank count
     if xp is np:
         return matrix
     return sparse.csr_matrix(matrix)

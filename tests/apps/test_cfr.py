@@ -175,3 +175,34 @@ def test_cli_checkpoint_resume_is_bit_identical(tmp_path, capsys):
     doc = json.loads((tmp_path / "r.json").read_text())["results"]
     assert [r["iteration"] for r in doc["curve"]] == [15, 20]
     assert (tmp_path / "r.csv").read_text().startswith("iteration,seconds,exploitability")
+
+
+@pytest.mark.slow
+@pytest.mark.reliability("fault")
+def test_cli_run_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_policy(tmp_path):
+    """The solver's checkpoint is Sharded blocks of a rank-count-free order and its sums
+    run in that order at any rank count: a run killed at 2 ranks and resumed on 1 or 3
+    ends with the uninterrupted run's policy, bit for bit."""
+    import sys
+
+    from launching import clean_env, launch
+
+    def solve(ranks, policy, *extra, env=None):
+        game = ["--game", "leduc_poker", "--algorithm", "dcfr", "--iterations", "30"]
+        args = ["-m", "hpcpar", "cfr", *game, "--eval-every", "10", "--policy", str(policy)]
+        args += extra
+        return launch(ranks, sys.executable, *args, layout="ppn:1", env=env)
+
+    plain = solve(2, tmp_path / "plain.json")
+    assert plain.returncode == 0, plain.stderr
+    for ranks in (1, 3):
+        ck = ["--checkpoint", str(tmp_path / f"ck{ranks}"), "--checkpoint-every", "10"]
+        fault = clean_env(HPCPAR_CHECKPOINT_FAULT="kill=after-commit,step=20,rank=1")
+        crashed = solve(2, tmp_path / "killed.json", *ck, env=fault)
+        assert crashed.returncode != 0
+        again = solve(ranks, tmp_path / f"resumed{ranks}.json", *ck)
+        assert again.returncode == 0, again.stderr
+        assert "# resumed at iteration 20" in again.stdout, again.stdout
+        assert (tmp_path / "plain.json").read_text() == (
+            tmp_path / f"resumed{ranks}.json"
+        ).read_text(), ranks
