@@ -1,12 +1,14 @@
-"""``hpcpar bench flight``: what the always-on flight record costs a call.
+"""``hpcpar bench flight`` and ``hpcpar bench guard``: what the always-on safety costs.
 
-The same loop of small collectives runs with the record on and off
-(``hpcpar.runtime.flight.set_enabled``), in alternating blocks so that drift in the
-machine's speed falls on both alike: an 8-byte ``allreduce`` (the fast path: a run
-of identical calls is one entry), a ``bcast`` (the general path, an entry per call),
-an ``iallreduce`` waited on at once, and a ``ring`` allreduce (hpcpar's own schedule).
-``vs_peer`` is the median over repeats of each block's time with the record over the
-next block's without it; the spread is their interquartile range over the median.
+The same loop of small collectives runs with the feature on and off, in alternating
+blocks so that drift in the machine's speed falls on both alike: the flight record
+(``hpcpar.runtime.flight.set_enabled``) or the mismatch guard
+(``hpcpar.collectives.guard.set_enabled``). The calls: an 8-byte ``allreduce`` (the
+fast path: a run of identical calls is one flight entry), a ``bcast`` (the general
+path), an ``iallreduce`` waited on at once, and a ``ring`` allreduce (hpcpar's own
+schedule). ``vs_peer`` is the median over repeats of each block's time with the
+feature over the next block's without it; the spread is their interquartile range
+over the median.
 """
 
 from __future__ import annotations
@@ -83,16 +85,25 @@ def _iterations(comm: Any, op: Callable[[], Any], args: argparse.Namespace) -> i
     return int(comm.bcast(max(1, min(args.max_iterations, wanted)), root=0))
 
 
-def _run(comm: Any, args: argparse.Namespace) -> list[Measurement]:
+def _features() -> dict[str, tuple[str, Callable[[], bool], Callable[[bool], None]]]:
+    from ..collectives import guard
     from ..runtime import flight
 
-    was = flight.enabled()
+    return {
+        "flight": ("the flight record", flight.enabled, flight.set_enabled),
+        "guard": ("the mismatch guard", lambda: guard.ENABLED[0], guard.set_enabled),
+    }
+
+
+def _run_feature(feature: str, comm: Any, args: argparse.Namespace) -> list[Measurement]:
+    title, enabled, set_enabled = _features()[feature]
+    was = enabled()
     out: list[Measurement] = []
     rank = comm.Get_rank()
     if rank == 0:
         print(
-            f"# hpcpar bench flight: {comm.Get_size()} rank(s); 8-byte calls with the flight "
-            f"record on and off in alternating blocks; {args.repeats} repeats, median",
+            f"# hpcpar bench {feature}: {comm.Get_size()} rank(s); 8-byte calls with {title} "
+            f"on and off in alternating blocks; {args.repeats} repeats, median",
             flush=True,
         )
         print(f"# {'call':>16} {'on (us)':>10} {'off (us)':>10} {'on/off':>8} {'spread%':>8}")
@@ -106,9 +117,9 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Measurement]:
             for repeat in range(args.repeats):
                 order = (True, False) if repeat % 2 == 0 else (False, True)
                 for state in order:
-                    flight.set_enabled(state)
+                    set_enabled(state)
                     (on if state else off).append(_block(comm, op, n))
-            flight.set_enabled(True)
+            set_enabled(True)
             ok = comm.allreduce(int(not valid())) == 0
             ratios = [a / b for a, b in zip(on, off, strict=True)]
             ratio = statistics.median(ratios)
@@ -125,8 +136,16 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Measurement]:
                       f"{statistics.median(off) * 1e6:10.2f} {ratio:8.3f} {spread:8.1f}",
                       flush=True)  # fmt: skip
     finally:
-        flight.set_enabled(was)
+        set_enabled(was)
     return out
+
+
+def _run(comm: Any, args: argparse.Namespace) -> list[Measurement]:
+    return _run_feature("flight", comm, args)
+
+
+def _run_guard(comm: Any, args: argparse.Namespace) -> list[Measurement]:
+    return _run_feature("guard", comm, args)
 
 
 register(
@@ -135,6 +154,15 @@ register(
         "the flight record's cost: 8-byte collectives with the record on vs off",
         _add_arguments,
         _run,
+        peer="off",
+    )
+)
+register(
+    Benchmark(
+        "guard",
+        "the mismatch guard's cost: 8-byte collectives with the guard on vs off",
+        _add_arguments,
+        _run_guard,
         peer="off",
     )
 )

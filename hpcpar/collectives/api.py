@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from ..runtime import flight
 from ..runtime.orphans import ADOPTED, progress_adopted
+from . import guard
 from . import reproducible as repro
 from .autotune import autotune_on as _autotune_on
 from .autotune import tuned_algorithm
@@ -108,6 +109,10 @@ def _begin(
                                collective if blocking else f"i{collective}", chosen.name,
                                check.get("count", check.get("counts")), check.get("dtype"),
                                op, check.get("root"), depth=4)  # fmt: skip
+    if guard.ENABLED[0]:  # the always-on mismatch guard (guard.py)
+        state.guard_sum += guard.signature(collective, chosen.name, op.name if op else None, check)
+        if state._sequence >= state.guard_next:
+            guard.verify(state, collective)
     return chosen, call
 
 

@@ -23,6 +23,9 @@ from ..runtime.orphans import ADOPTED, progress_adopted
 from . import mpi_library
 from .channel import LAST_CALL
 from .errors import explain_mpi_error
+from .guard import ENABLED as _GUARD
+from .guard import signature, verify
+from .ops import resolve_op
 from .registry import LIBRARY
 from .select import choose
 from .state import fast_state
@@ -70,7 +73,9 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
         return None
     decided = state.fast_auto.get(key)
     if decided is None or decided[0] is not op:
-        decided = state.fast_auto[key] = (op, _decide(state, x, op, algorithm))
+        mpi_op = _decide(state, x, op, algorithm)
+        mark = 0 if mpi_op is None else _signature(x, op)
+        decided = state.fast_auto[key] = (op, mpi_op, mark)
         if len(state.fast_auto) > 4096:  # a program sweeping every size
             state.fast_auto.clear()
     mpi_op = decided[1]
@@ -94,6 +99,10 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
     if _FLIGHT_ON[0] and _RUN[0] is not decided:  # the flight record: a run is one entry
         fast_entry(decided, state, "allreduce", x, op)
     state._sequence += 1  # state.next_tag() without computing the tag it does not use
+    if _GUARD[0]:  # the always-on mismatch guard: what _begin does (guard.py)
+        state.guard_sum += decided[2]
+        if state._sequence >= state.guard_next:
+            verify(state, "allreduce")
     try:
         if out is x:
             state.private.Allreduce(_IN_PLACE, out, mpi_op)
@@ -103,6 +112,13 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
         raise explain_mpi_error(exc, "allreduce") from None
     LAST_CALL[0] = ("allreduce", x.nbytes)  # note_library_call, inlined
     return out
+
+
+def _signature(x: np.ndarray, op: Any) -> int:
+    """The guard's signature of this call: the general path's for the same call."""
+    name = resolve_op(op, x.dtype).name
+    return signature("allreduce", LIBRARY, name, {"count": x.size, "dtype": x.dtype.str,
+                                                  "reproducible": False})  # fmt: skip
 
 
 def _decide(state: Any, x: np.ndarray, op: Any, algorithm: str) -> Any:

@@ -155,3 +155,94 @@ def test_ranks_started_with_different_algorithm_settings_fail_at_once(comm, tmp_
             again.Free()
     finally:
         fresh.Free()
+
+
+def _fresh(comm):
+    """A new communicator: its calls are numbered from #0, so the guard compares #0, #1,
+    #3, #7, ... (the calls that make the sequence 1, 2, 4, 8, ...)."""
+    return comm.Dup()
+
+
+@pytest.mark.reliability("bad_input")
+@pytest.mark.parametrize("path", ["mpi", "ring", "bcast"])
+def test_the_guard_stops_a_mismatch_at_the_first_call_without_check_mode(comm, monkeypatch, path):
+    """Same byte count, different dtype or op: MPI would return wrong numbers and exit 0;
+    the always-on guard raises on every rank before any data moves, naming both calls."""
+    if comm.Get_size() < 2:
+        pytest.skip("needs two ranks to disagree")
+    monkeypatch.delenv("HPCPAR_CHECK", raising=False)
+    rank = comm.Get_rank()
+    fresh = _fresh(comm)
+    try:
+        with pytest.raises(CollectiveMismatchError) as info:
+            if path == "bcast":
+                hpcpar.bcast(np.ones(4) if rank else np.ones(8, np.float32), root=0, comm=fresh)
+            else:
+                hpcpar.allreduce(np.ones(4), MPI.SUM if rank == 0 else MPI.MAX,
+                                 comm=fresh, algorithm=path)  # fmt: skip
+        message = str(info.value)
+        assert "differ at #0 on" in message, message
+        if path == "bcast":
+            assert "rank(s) 0 called bcast" in message and "count 8, float32" in message
+            assert "count 4, float64" in message, message
+        else:
+            assert f"rank(s) 0 called allreduce ({path}, count 4, float64, op SUM)" in message
+            assert "op MAX" in message, message
+        # nothing moved: the communicator is usable, and correct calls are correct
+        got = hpcpar.allreduce(np.ones(2), comm=fresh)
+        assert_all(got[0] == comm.Get_size(), "a call after the refused one", comm)
+    finally:
+        fresh.Free()
+
+
+@pytest.mark.reliability("bad_input")
+@pytest.mark.parametrize("flight_on", [True, False])
+def test_the_guard_names_a_later_mismatch_within_its_window(comm, monkeypatch, flight_on):
+    """A mismatch at call #4 is found when the ranks compare at #7, and named from the
+    flight record; with the record off the window and the ranks are named."""
+    if comm.Get_size() < 2:
+        pytest.skip("needs two ranks to disagree")
+    from hpcpar.runtime import flight
+
+    monkeypatch.delenv("HPCPAR_CHECK", raising=False)
+    rank = comm.Get_rank()
+    fresh = _fresh(comm)
+    was = flight.enabled()
+    flight.set_enabled(flight_on)
+    try:
+        for _ in range(4):  # #0-#3, compared at #0, #1 and #3
+            hpcpar.allreduce(np.ones(3), comm=fresh, algorithm="mpi")
+        # #4: MAX on rank 0, SUM elsewhere: wrong numbers, no error from MPI (a dtype of
+        # the same byte count can make MPI's own algorithm split the data differently)
+        hpcpar.allreduce(np.ones(3), MPI.MAX if rank == 0 else MPI.SUM, comm=fresh,
+                         algorithm="mpi")  # fmt: skip
+        for _ in range(2):  # #5, #6
+            hpcpar.allreduce(np.ones(3), comm=fresh, algorithm="mpi")
+        with pytest.raises(CollectiveMismatchError) as info:
+            hpcpar.allreduce(np.ones(3), comm=fresh, algorithm="mpi")  # #7: compared
+        message = str(info.value)
+        if flight_on:
+            assert "differ at #4 on" in message, message
+            assert "rank(s) 0 called allreduce (mpi, count 3, float64, op MAX)" in message
+        else:
+            assert "passed different arguments" in message and "calls #4-#7" in message
+            assert "rank(s) 0 and rank(s) 1" in message, message
+    finally:
+        flight.set_enabled(was)
+        fresh.Free()
+
+
+def test_the_guard_passes_the_same_call_made_through_either_path(comm):
+    """A strided array takes the general path, a contiguous one the fast path: the same
+    call on both, which the guard must not take for a mismatch."""
+    fresh = _fresh(comm)
+    try:
+        for _ in range(9):  # #0-#8: compared at #0, #1, #3 and #7
+            data = np.arange(8.0)
+            x = data[::2] if comm.Get_rank() % 2 else data[:4].copy()
+            got = hpcpar.allreduce(x, comm=fresh, algorithm="mpi")
+            expect = sum((np.arange(8.0)[::2] if r % 2 else np.arange(4.0))
+                         for r in range(comm.Get_size()))  # fmt: skip
+            assert_all(np.array_equal(got, expect), f"{got} vs {expect}", comm)
+    finally:
+        fresh.Free()

@@ -1,0 +1,124 @@
+"""The always-on guard: ranks that call one collective differently fail, on every rank.
+
+MPI leaves a collective whose ranks pass different dtypes, ops, counts, roots or
+algorithms undefined, and the common outcome is not a hang but wrong numbers and exit
+status 0 (a float32 sum against a float64 one of the same byte count, a SUM against a
+MAX). ``HPCPAR_CHECK=1`` compares every call's arguments with an allgather; this guard
+catches the same mistakes at almost no cost, with no setting.
+
+Each call folds a signature of what must match across ranks (the operation, the
+algorithm that runs, the op and the call's ``HPCPAR_CHECK`` fields: count, dtype, root,
+...) into a sum kept on the communicator's state. At the calls numbered 1, 2, 4, ...,
+``EVERY`` and then every ``EVERY``-th on a communicator, before that call moves any
+data, the ranks compare the sums of the calls since the last comparison with one
+16-byte allreduce. Sums that differ raise ``CollectiveMismatchError`` on every rank,
+naming the first call that differed and what each rank called (from the flight
+record), so a mismatch from the first call on is caught before it computes anything
+and a later one within ``EVERY`` calls. ``hpcpar bench guard`` measures the cost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..layout import format_ranks
+from ..runtime import flight
+from .errors import CollectiveMismatchError
+
+__all__ = ["EVERY", "ENABLED", "signature", "verify", "set_enabled"]
+
+EVERY = 256  # calls between comparisons, once the first ones (1, 2, 4, ...) are done
+ENABLED = [True]  # off only to measure the guard's cost (every rank at the same call)
+_MASK = (1 << 62) - 1
+
+
+_KNOWN: dict[tuple[Any, ...], int] = {}  # signatures of calls seen (a loop repeats them)
+
+
+def signature(collective: str, algorithm: str, op: Any, fields: dict[str, Any]) -> int:
+    """A 56-bit number for what every rank must pass alike to one call (any process)."""
+    try:
+        key = (collective, algorithm, op, *fields.items())
+        return _KNOWN[key]
+    except KeyError:
+        pass
+    except TypeError:  # a list of counts: not a dictionary key
+        key = None
+    plain = sorted((k, v.tolist() if hasattr(v, "tolist") else v) for k, v in fields.items())
+    text = repr((collective.removeprefix("i"), algorithm, op, plain))
+    mark = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "little")
+    if key is not None:
+        if len(_KNOWN) > 4096:  # a program sweeping every size
+            _KNOWN.clear()
+        _KNOWN[key] = mark
+    return mark
+
+
+def set_enabled(on: bool) -> None:
+    """Turn the guard on or off: on every rank at once (``hpcpar bench guard``)."""
+    ENABLED[0] = bool(on)
+
+
+def verify(state: Any, collective: str) -> None:
+    """Compare the ranks' sums of the calls since the last comparison (collective).
+
+    Called when ``state._sequence`` reaches ``state.guard_next``, which is the same on
+    every rank that made the same calls.
+
+    Raises:
+        CollectiveMismatchError: on every rank, when the sums differ.
+    """
+    seq = state._sequence
+    first = state.guard_from
+    state.guard_next = seq + min(seq, EVERY)
+    state.guard_from = seq
+    mine = state.guard_sum & _MASK
+    state.guard_sum = 0
+    both = np.array([mine, -mine], dtype=np.int64)
+    state.private.Allreduce(MPI.IN_PLACE, both, MPI.MAX)
+    if int(both[0]) == mine and -int(both[1]) == mine:
+        return
+    raise CollectiveMismatchError(_explain(state, collective, first, seq, mine))
+
+
+def _explain(state: Any, collective: str, first: int, last: int, mine: int) -> str:
+    """What differed among the calls numbered ``first + 1 .. last`` (collective)."""
+    calls = {}
+    for record in flight.snapshot():
+        if record["comm"] != state.label:
+            continue
+        for seq in range(record["seq"], record["seq"] + (record["calls"] or 1)):
+            if first <= seq < last:
+                calls[seq] = _what(record)
+    every = state.private.allgather((mine, calls))
+    tail = "; HPCPAR_CHECK=1 compares every call's arguments as it is made"
+    for seq in range(first, last):
+        seen: dict[str, list[int]] = {}
+        for rank, (_, theirs) in enumerate(every):
+            what = theirs.get(seq, "a call the flight record no longer holds")
+            seen.setdefault(what, []).append(rank)
+        if len(seen) > 1:
+            parts = "; ".join(f"rank(s) {format_ranks(r)} called {w}" for w, r in seen.items())
+            return f"{collective}: ranks differ at #{seq} on {state.label}: {parts}{tail}"
+    groups: dict[int, list[int]] = {}
+    for rank, (theirs, _) in enumerate(every):
+        groups.setdefault(theirs, []).append(rank)
+    parts = " and ".join(f"rank(s) {format_ranks(r)}" for r in groups.values())
+    calls = f"call #{first}" if last - first == 1 else f"one of calls #{first}-#{last - 1}"
+    return (
+        f"{collective}: {parts} passed different arguments (dtype, op, count, root, "
+        f"algorithm or options) to {calls} on {state.label}{tail}"
+    )
+
+
+def _what(record: dict[str, Any]) -> str:
+    """``allreduce (mpi, count 3, float64, op SUM)``."""
+    extra = [str(record["algorithm"])] if record.get("algorithm") else []
+    for key, label in (("count", "count "), ("dtype", ""), ("op", "op "), ("root", "root ")):
+        if record.get(key) is not None:
+            extra.append(f"{label}{record[key]}")
+    return f"{str(record['operation']).removeprefix('i')} ({', '.join(extra)})"
