@@ -98,10 +98,10 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
     # mpi-direct)
     if _FLIGHT_ON[0] and _RUN[0] is not decided:  # the flight record: a run is one entry
         fast_entry(decided, state, "allreduce", x, op)
-    state._sequence += 1  # state.next_tag() without computing the tag it does not use
+    seq = state._sequence = state._sequence + 1  # next_tag() without the tag it computes
     if _GUARD[0]:  # the always-on mismatch guard: what _begin does (guard.py)
         state.guard_sum += decided[2]
-        if state._sequence >= state.guard_next:
+        if seq >= state.guard_next:
             verify(state, "allreduce")
     try:
         if out is x:

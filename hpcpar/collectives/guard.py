@@ -42,7 +42,7 @@ _KNOWN: dict[tuple[Any, ...], int] = {}  # signatures of calls seen (a loop repe
 def signature(collective: str, algorithm: str, op: Any, fields: dict[str, Any]) -> int:
     """A 56-bit number for what every rank must pass alike to one call (any process)."""
     try:
-        key = (collective, algorithm, op, *fields.items())
+        key = (collective, algorithm, op, *fields.values())  # a collective names its fields alike
         return _KNOWN[key]
     except KeyError:
         pass
