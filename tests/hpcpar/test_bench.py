@@ -355,3 +355,21 @@ def test_a_wrong_result_fails_the_soak(comm, monkeypatch, tmp_path):
     monkeypatch.setattr(soak, "_right", lambda d, got, c: real(d, got, c) and d.i != 7)
     status = main(["bench", "soak", "--calls", "20", "--max-count", "8"])
     assert_all(status == 1, "a wrong result must fail the soak", comm)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("feature", ["flight", "guard"])
+def test_the_safety_benchmarks_compare_on_and_off_and_leave_the_feature_on(comm, tmp_path, feature):
+    from hpcpar.collectives import guard
+    from hpcpar.runtime import flight
+
+    prefix = comm.bcast(str(tmp_path / feature), root=0)
+    status = main(["bench", feature, "--repeats", "2", "--min-time", "0.001", "--warmup", "1",
+                   "--output", prefix])  # fmt: skip
+    assert_all(status == 0, "benchmark failed", comm)
+    assert_all(flight.enabled() and guard.ENABLED[0], "the feature was left off", comm)
+    if comm.Get_rank() == 0:
+        rows = json.loads(open(prefix + ".json").read())["results"]
+        calls = ("allreduce", "bcast", "iallreduce", "allreduce-ring")
+        assert {r["variant"] for r in rows} == {*calls, *(f"{c}-off" for c in calls)}
+        assert all(r["valid"] and r["vs_peer"] > 0 for r in rows)
