@@ -4,7 +4,9 @@ In one job, for the model and data chosen: hpcpar's SGD modes (``sync``, ``local
 ``async``, ``hogwild``) on every rank, ``sync`` again on rank 0 alone (for the scaling
 efficiency), PyTorch's ``DistributedDataParallel`` over gloo training the same network
 (same layers, tanh, float64, the same initial weights, global batch, learning rate and
-data order) on every rank, and, for the linear model, scikit-learn's ``SGDClassifier``
+data order) on every rank, the same torch network through hpcpar's ``DataParallel``
+(``torch-hpcpar``; ``torch-hpcpar-after`` reduces its buckets after the backward pass
+instead of during it), and, for the linear model, scikit-learn's ``SGDClassifier``
 on rank 0. Variants are interleaved over ``--repeats`` runs of ``--epochs`` epochs.
 
 Figures per variant: samples/s (median over every timed epoch, min, max and the
@@ -34,6 +36,8 @@ from hpcpar.plugins import Benchmark, register
 __all__: list[str] = []
 
 MODES = ("sync", "local", "async", "hogwild")
+# the torch variants: the same network through torch DDP or hpcpar's DataParallel
+_TORCH = {"torch-ddp-gloo": "ddp", "torch-hpcpar": "hpcpar", "torch-hpcpar-after": "hpcpar-after"}
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,11 +101,19 @@ def _torch_group(comm: Any) -> Any:
 
 
 class _TorchRun:
-    """Torch DDP training of the same network: ``epoch(e)`` -> (loss, seconds, samples)."""
+    """Torch training of the same network, data-parallel through DDP or hpcpar.
 
-    def __init__(self, model: Any, data: Any, comm: Any, args: argparse.Namespace) -> None:
+    ``wrap``: ``ddp`` (torch's ``DistributedDataParallel``), ``hpcpar`` (hpcpar's
+    ``DataParallel``) or ``hpcpar-after`` (the same, every bucket reduced after the
+    backward pass instead of during it).
+    """
+
+    def __init__(self, model: Any, data: Any, comm: Any, h: Any, args: argparse.Namespace,
+                 wrap: str = "ddp") -> None:  # fmt: skip
         import torch
         from torch.nn.parallel import DistributedDataParallel
+
+        from .torch import DataParallel
 
         layers: list[Any] = []
         for i, (w, b) in enumerate(model.layers(model.params)):
@@ -113,7 +125,11 @@ class _TorchRun:
             if i < len(model.sizes) - 2:
                 layers.append(torch.nn.Tanh())
         self.net = torch.nn.Sequential(*layers)
-        self.ddp = DistributedDataParallel(self.net, bucket_cap_mb=args.bucket_mib)
+        if wrap == "ddp":
+            self.ddp = DistributedDataParallel(self.net, bucket_cap_mb=args.bucket_mib)
+        else:
+            self.ddp = DataParallel(self.net, comm=h, bucket_mib=args.bucket_mib,
+                                    overlap=wrap == "hpcpar")  # fmt: skip
         self.opt = torch.optim.SGD(self.ddp.parameters(), lr=args.lr)
         self.torch, self.data, self.comm = torch, data, comm
         self.batch, self.seed = args.batch, args.seed
@@ -194,14 +210,16 @@ def _train(variant: str, args: argparse.Namespace, comm: Any, h: Any, data: Any)
     model = make_model(args.model, data.n_features, data.n_classes, args.hidden, args.seed)
     epochs: list[dict[str, Any]] = []
     extra: dict[str, Any] = {}
-    if variant == "torch-ddp-gloo":
-        run = _TorchRun(model, data, comm, args)
+    if variant in _TORCH:
+        run = _TorchRun(model, data, comm, h, args, _TORCH[variant])
         for e in range(args.epochs):
             loss, seconds, samples = _torch_epoch(run, e)
             seconds = comm.allreduce(seconds, op=_max())
             loss = comm.allreduce(loss) / samples
             epochs.append({"seconds": seconds, "samples": samples, "loss": loss,
                            "accuracy": _torch_accuracy(run), "comm_seconds": 0.0})  # fmt: skip
+        if hasattr(run.ddp, "free"):
+            run.ddp.free()
         return {"epochs": epochs, **extra}
     if variant == "sklearn-sgdclassifier":
         return _sklearn(model, data, args)
@@ -323,7 +341,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:  # noqa: PLR0912, PL
         import torch
 
         torch.set_num_threads(threads)
-        variants.append("torch-ddp-gloo")
+        variants.extend(_TORCH)
     if args.model == "softmax" and not hasattr(data.x_train, "tocsr"):
         variants.append("sklearn-sgdclassifier")
     peer = "torch-ddp-gloo" if dist is not None else variants[0]

@@ -1,0 +1,382 @@
+"""Data-parallel training of PyTorch models over hpcpar's collectives.
+
+An ordinary training loop becomes data-parallel by wrapping the model; each rank feeds
+its own part of every global batch::
+
+    from hpcpar.apps.sgd.torch import DataParallel
+
+    model = DataParallel(net)                        # parameters from rank 0
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in my_batches:                          # this rank's rows
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()                              # gradients averaged over ranks
+        opt.step()
+
+Gradients are grouped into buckets of about ``bucket_mib`` MiB, in the reverse order of
+the parameters' registration (the order in which the backward pass produces them). A
+parameter's gradient is copied into its bucket as soon as autograd has accumulated it;
+a full bucket is handed to a communication thread that reduces it with
+``hpcpar.allreduce`` (any algorithm, ``auto`` by default, over real or virtual nodes)
+while the backward pass goes on computing the next ones. Buckets are reduced in the same
+order on every rank; at the end of the backward pass the rest are sent, and the averaged
+gradients are written back before ``backward()`` returns.
+
+Why a thread: an MPI library progresses a nonblocking collective only inside MPI calls,
+and the backward pass makes none, so ``iallreduce`` started from a hook would mostly
+run when the pass ends. A thread blocked in the library's call (mpi4py releases the
+GIL there) or running hpcpar's schedule moves the data while autograd computes. The
+thread uses its own duplicate of the communicator, so the program's own collectives on
+``comm`` never interleave with it. ``overlap=False`` reduces every bucket after the
+backward pass instead; ``hpcpar bench sgd`` measures both against PyTorch's
+``DistributedDataParallel``.
+
+CPU tensors reach hpcpar without copies (their numpy views); CUDA tensors go the same
+way as cupy arrays (DLPack). Parameters that a rank did not use in a backward pass
+contribute zeros; a parameter that no rank used keeps its gradient as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .models import SgdError
+
+__all__ = ["DataParallel"]
+
+_MIB = 1 << 20
+
+
+class _Bucket:
+    """Some parameters' gradients in one flat tensor, and which of them are in."""
+
+    def __init__(self, torch: Any, params: list[Any], index: int) -> None:
+        self.index = index
+        self.params = params
+        sizes = [p.numel() for p in params]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()
+        total = self.offsets[-1]
+        # the gradients, then one "used on this rank" count per parameter: after the sum
+        # a zero count means no rank used that parameter
+        self.flat = torch.zeros(total + len(params), dtype=params[0].dtype,
+                                device=params[0].device)  # fmt: skip
+        self.array = _as_array(self.flat)
+        self.filled = [False] * len(params)
+        self.missing = len(params)
+        self.sent = False
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def reset(self) -> None:
+        self.filled = [False] * len(self.params)
+        self.missing = len(self.params)
+        self.sent = False
+        self.done.clear()
+        self.error = None
+
+    def put(self, slot: int, grad: Any) -> None:
+        a, b = self.offsets[slot], self.offsets[slot + 1]
+        self.flat[a:b].copy_(grad.reshape(-1))
+        self.flat[self.offsets[-1] + slot] = 1.0
+        self.filled[slot] = True
+        self.missing -= 1
+
+    def zero_missing(self) -> None:
+        """Zeros for the parameters this rank did not use in this pass."""
+        for slot, filled in enumerate(self.filled):
+            if not filled:
+                a, b = self.offsets[slot], self.offsets[slot + 1]
+                self.flat[a:b].zero_()
+                self.flat[self.offsets[-1] + slot] = 0.0
+                self.filled[slot] = True
+        self.missing = 0
+
+
+def _as_array(tensor: Any) -> Any:
+    """The numpy (CPU) or cupy (CUDA) array sharing ``tensor``'s memory."""
+    if tensor.is_cuda:
+        import cupy
+
+        return cupy.from_dlpack(tensor)
+    return tensor.numpy()
+
+
+class _Reducer(threading.Thread):
+    """Reduces the buckets handed to it, in the order handed, on its own communicator."""
+
+    def __init__(self, comm: Any, algorithm: str) -> None:
+        super().__init__(name="hpcpar-gradients", daemon=True)
+        self.comm, self.algorithm = comm, algorithm
+        self.work: queue.SimpleQueue[_Bucket | None] = queue.SimpleQueue()
+
+    def run(self) -> None:
+        while (bucket := self.work.get()) is not None:
+            reduce_bucket(bucket, self.comm, self.algorithm)
+
+
+def reduce_bucket(bucket: _Bucket, comm: Any, algorithm: str) -> None:
+    """Sum ``bucket`` over the ranks in place; an error is kept for the waiting rank."""
+    import hpcpar
+
+    try:
+        if bucket.flat.is_cuda:  # the copies into the bucket ran on the current stream
+            import torch
+
+            torch.cuda.current_stream(bucket.flat.device).synchronize()
+        hpcpar.allreduce(bucket.array, out=bucket.array, comm=comm, algorithm=algorithm)
+    except BaseException as exc:  # handed to the thread that waits
+        bucket.error = exc
+    finally:
+        bucket.done.set()
+
+
+class DataParallel:
+    """A ``torch.nn.Module`` trained data-parallel over hpcpar.
+
+    Gradients are averaged over the ranks in ``backward()``, reduced bucket by bucket
+    while the backward pass runs.
+
+    Args:
+        module: The model (the same architecture on every rank). Its parameters and
+            buffers are broadcast from rank 0, so every rank starts from rank 0's.
+        comm: ``None`` (hpcpar's communicator), a communicator, or a ``Hierarchy``
+            (virtual nodes for the hierarchical algorithms).
+        bucket_mib: Bucket size in MiB (gradients of one dtype and device per bucket).
+        algorithm: The allreduce algorithm (``auto``: the cost model's choice).
+        overlap: Reduce buckets on a communication thread while the backward pass runs
+            (default); ``False`` reduces them all after it, on the calling thread.
+
+    Raises:
+        SgdError: the ranks' models differ (the first differing parameter is named, on
+            every rank), a bad bucket size, or no parameter to train.
+    """
+
+    def __init__(
+        self,
+        module: Any,
+        *,
+        comm: Any = None,
+        bucket_mib: float = 25.0,
+        algorithm: str = "auto",
+        overlap: bool = True,
+    ) -> None:
+        import torch
+        from mpi4py import MPI
+
+        from hpcpar.runtime.comm import resolve_comm
+        from hpcpar.topology import Hierarchy
+
+        if not (isinstance(bucket_mib, (int, float)) and 0 < bucket_mib < 1 << 20):
+            raise SgdError(f"bucket_mib must be a positive number of MiB, not {bucket_mib!r}")
+        self.module, self.algorithm = module, algorithm
+        self._torch = torch
+        base = resolve_comm(comm)
+        self.rank, self.size = base.Get_rank(), base.Get_size()
+        self._check_same_model(base)
+        # the gradients' own communicator: the program's collectives on comm never
+        # interleave with the communication thread's
+        self._own = base.Dup()
+        layout = comm.layout if isinstance(comm, Hierarchy) else None
+        self._hierarchy = Hierarchy(self._own, layout=layout)
+        self._broadcast()
+        trained = [p for p in module.parameters() if p.requires_grad]
+        if not trained:
+            self.free()
+            raise SgdError("DataParallel: the module has no parameter that requires grad")
+        self.buckets = _make_buckets(torch, trained, int(bucket_mib * _MIB))
+        self._where = {id(p): (b, slot) for b in self.buckets for slot, p in enumerate(b.params)}
+        self._sync = True
+        self._in_pass = False
+        self._next = 0  # the next bucket to send: every rank sends them in index order
+        threads_ok = MPI.Query_thread() >= MPI.THREAD_SERIALIZED
+        self.overlap = bool(overlap) and threads_ok
+        self._reducer: _Reducer | None = None
+        if self.overlap:
+            self._reducer = _Reducer(self._hierarchy, algorithm)
+            self._reducer.start()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in trained]
+
+    # ---- the module's face ------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's forward pass."""
+        return self.module(*args, **kwargs)
+
+    def parameters(self, recurse: bool = True) -> Iterator[Any]:
+        """The module's parameters (for the optimizer)."""
+        return self.module.parameters(recurse)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        """The module's named parameters."""
+        return self.module.named_parameters(*args, **kwargs)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's state dict (the same on every rank)."""
+        return self.module.state_dict(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> DataParallel:
+        """Training mode for the module."""
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> DataParallel:
+        """Evaluation mode for the module."""
+        self.module.eval()
+        return self
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally in the backward passes inside.
+
+        The first backward pass after it averages everything accumulated.
+        """
+        was, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = was
+
+    def free(self) -> None:
+        """Stop the communication thread, remove the hooks, free the communicators."""
+        if self._reducer is not None:
+            self._reducer.work.put(None)
+            self._reducer.join()
+            self._reducer = None
+        for hook in getattr(self, "_hooks", []):
+            hook.remove()
+        self._hooks = []
+        if getattr(self, "_own", None) is not None:
+            self._hierarchy.free()
+            self._own.Free()
+            self._own = None
+
+    def __enter__(self) -> DataParallel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    # ---- set-up -----------------------------------------------------------------------
+
+    def _check_same_model(self, base: Any) -> None:
+        mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in self.module.named_parameters()]
+        every = base.allgather(mine)
+        for rank, theirs in enumerate(every):
+            if theirs == mine:
+                continue
+            for a, b in zip(mine + [None] * len(theirs), theirs + [None] * len(mine), strict=False):
+                if a != b:
+                    raise SgdError(
+                        f"DataParallel: the ranks' models differ: rank {self.rank} has "
+                        f"{_describe(a)} where rank {rank} has {_describe(b)}"
+                    )
+
+    def _broadcast(self) -> None:
+        """Rank 0's parameters and buffers on every rank (one broadcast per dtype)."""
+        import hpcpar
+
+        torch = self._torch
+        tensors = [*self.module.parameters(), *self.module.buffers()]
+        groups: dict[tuple[Any, Any], list[Any]] = {}
+        for t in tensors:
+            groups.setdefault((t.dtype, t.device), []).append(t)
+        with torch.no_grad():
+            for group in groups.values():
+                flat = torch.cat([t.detach().reshape(-1) for t in group])
+                got = hpcpar.bcast(_as_array(flat), root=0, comm=self._hierarchy)
+                flat = torch.as_tensor(got, device=flat.device)
+                at = 0
+                for t in group:
+                    t.copy_(flat[at : at + t.numel()].view_as(t))
+                    at += t.numel()
+
+    # ---- the backward pass ---------------------------------------------------------------
+
+    def _ready(self, param: Any) -> None:
+        """Autograd accumulated ``param``'s gradient: put it in its bucket, send what is full."""
+        if not self._sync:
+            return
+        if not self._in_pass:
+            self._in_pass = True
+            self._torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+        bucket, slot = self._where[id(param)]
+        if bucket.filled[slot]:  # a second backward through the same graph: sum them
+            return
+        bucket.put(slot, param.grad)
+        self._send_ready()
+
+    def _send_ready(self) -> None:
+        while self._next < len(self.buckets) and self.buckets[self._next].missing == 0:
+            bucket = self.buckets[self._next]
+            bucket.sent = True
+            if self._reducer is not None:
+                self._reducer.work.put(bucket)
+            self._next += 1
+
+    def _finish(self) -> None:
+        """The end of the backward pass: send the rest, wait, write the averages back."""
+        try:
+            for bucket in self.buckets:
+                if bucket.missing:
+                    bucket.zero_missing()
+            self._send_ready()
+            for bucket in self.buckets:
+                if self._reducer is None:
+                    reduce_bucket(bucket, self._hierarchy, self.algorithm)
+                bucket.done.wait()
+            errors = [b.error for b in self.buckets if b.error is not None]
+            if errors:
+                raise errors[0]
+            self._write_back()
+        finally:
+            self._in_pass = False
+            self._next = 0
+            for bucket in self.buckets:
+                bucket.reset()
+
+    def _write_back(self) -> None:
+        torch = self._torch
+        with torch.no_grad():
+            for bucket in self.buckets:
+                total = bucket.offsets[-1]
+                bucket.flat[:total].div_(self.size)
+                used = bucket.flat[total:].tolist()
+                for slot, p in enumerate(bucket.params):
+                    if used[slot] == 0:  # no rank used it: its gradient stays as it was
+                        continue
+                    a, b = bucket.offsets[slot], bucket.offsets[slot + 1]
+                    mean = bucket.flat[a:b].view_as(p)
+                    if p.grad is None:
+                        p.grad = mean.clone()
+                    else:
+                        p.grad.copy_(mean)
+
+
+def _make_buckets(torch: Any, params: list[Any], limit: int) -> list[_Bucket]:
+    """Reverse registration order, one dtype and device per bucket, about ``limit`` bytes."""
+    buckets: list[_Bucket] = []
+    current: list[Any] = []
+    size = 0
+    for p in reversed(params):
+        same = not current or (p.dtype, p.device) == (current[0].dtype, current[0].device)
+        if current and (not same or size >= limit):
+            buckets.append(_Bucket(torch, current, len(buckets)))
+            current, size = [], 0
+        current.append(p)
+        size += p.numel() * p.element_size()
+    if current:
+        buckets.append(_Bucket(torch, current, len(buckets)))
+    return buckets
+
+
+def _describe(entry: tuple[str, tuple[int, ...], str] | None) -> str:
+    if entry is None:
+        return "no parameter"
+    name, shape, dtype = entry
+    return f"{name} of shape {list(shape)} ({dtype.removeprefix('torch.')})"

@@ -1,0 +1,141 @@
+"""PyTorch models over hpcpar (``hpcpar.apps.sgd.torch.DataParallel``) at 1-4 ranks: the
+same model as one process training on the whole global batch, whatever the buckets,
+the overlap or the virtual layout; unused parameters, gradient accumulation, parameters
+from rank 0, and models that differ between ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hpcpar
+from hpcpar.testing import assert_all, layouts_for
+
+torch = pytest.importorskip("torch", reason="the torch front end needs torch (pip install torch)")
+from hpcpar.apps.sgd import SgdError  # noqa: E402
+from hpcpar.apps.sgd.torch import DataParallel  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+GLOBAL_BATCH = 24  # divides over 1, 2, 3 and 4 ranks
+
+
+def make_net(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(10, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16), torch.nn.Tanh(),
+        torch.nn.Linear(16, 3),
+    ).double()  # fmt: skip
+
+
+def data(steps=4):
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy(rng.standard_normal((steps, GLOBAL_BATCH, 10)))
+    y = torch.from_numpy(rng.integers(0, 3, (steps, GLOBAL_BATCH)))
+    return x, y
+
+
+def train(model, rows, steps=4, lr=0.1, momentum=0.9):
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    x, y = data(steps)
+    for s in range(steps):
+        loss = torch.nn.functional.cross_entropy(model(x[s][rows]), y[s][rows])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+def reference(steps=4):
+    return train(make_net(), slice(None), steps)
+
+
+def my_rows(comm):
+    share = GLOBAL_BATCH // comm.Get_size()
+    return slice(comm.Get_rank() * share, (comm.Get_rank() + 1) * share)
+
+
+@pytest.mark.parametrize("layout", layouts_for(hpcpar.default_comm().Get_size())[:3])
+@pytest.mark.parametrize(("bucket_mib", "overlap"), [(25.0, True), (1e-6, True), (1e-6, False)])
+def test_the_same_model_as_one_process_on_the_whole_batch(comm, layout, bucket_mib, overlap):
+    expect = reference()
+    net = make_net(seed=comm.Get_rank())
+    with (
+        hpcpar.Hierarchy(comm, layout=layout) as h,
+        DataParallel(net, comm=h, bucket_mib=bucket_mib, overlap=overlap) as model,
+    ):
+        got = train(model, my_rows(comm))
+        if bucket_mib < 1:
+            assert len(model.buckets) == 6  # one parameter per bucket
+    worst = max(float(np.abs(a - b).max()) for a, b in zip(got, expect, strict=True))
+    assert_all(worst < 1e-12, f"parameters differ from one process's by {worst}", comm)
+
+
+def test_parameters_and_buffers_come_from_rank_0(comm):
+    net = make_net(seed=comm.Get_rank())
+    net.register_buffer("scale", torch.full((3,), float(comm.Get_rank())))
+    with DataParallel(net, comm=comm):
+        first = make_net(seed=0)
+        same = all(torch.equal(a, b) for a, b in zip(net.parameters(), first.parameters(),
+                                                      strict=True))  # fmt: skip
+        assert_all(same and float(net.scale.sum()) == 0.0, "not rank 0's weights", comm)
+
+
+class Branches(torch.nn.Module):
+    """``shared`` on every rank, ``only_0`` on rank 0 only, ``never`` on none."""
+
+    def __init__(self, rank):
+        super().__init__()
+        self.rank = rank
+        torch.manual_seed(0)
+        self.shared = torch.nn.Linear(4, 2).double()
+        self.only_0 = torch.nn.Linear(4, 2).double()
+        self.never = torch.nn.Linear(4, 2).double()
+
+    def forward(self, x):
+        out = self.shared(x)
+        return out + self.only_0(x) if self.rank == 0 else out
+
+
+def test_unused_parameters_count_as_zero_and_unused_everywhere_keep_their_gradient(comm):
+    x = torch.ones(3, 4, dtype=torch.float64)
+    with DataParallel(Branches(comm.Get_rank()), comm=comm) as model:
+        model.module.never.weight.grad = torch.full((2, 4), 7.0, dtype=torch.float64)
+        model(x).sum().backward()
+        net = model.module
+    alone = Branches(0)
+    alone(x).sum().backward()
+    size = comm.Get_size()
+    ok = torch.allclose(net.shared.weight.grad, alone.shared.weight.grad)
+    ok &= torch.allclose(net.only_0.weight.grad, alone.only_0.weight.grad / size)
+    ok &= bool((net.never.weight.grad == 7.0).all()) and net.never.bias.grad is None
+    assert_all(ok, "unused parameters' gradients are wrong", comm)
+
+
+def test_no_sync_accumulates_and_the_next_backward_averages_it_all(comm):
+    x, y = data(2)
+    rows = my_rows(comm)
+    f = torch.nn.functional
+    with DataParallel(make_net(), comm=comm) as model:
+        with model.no_sync():
+            f.cross_entropy(model(x[0][rows]), y[0][rows]).backward()
+        f.cross_entropy(model(x[1][rows]), y[1][rows]).backward()
+        got = [p.grad.numpy().copy() for p in model.parameters()]
+    alone = make_net()
+    for s in range(2):
+        f.cross_entropy(alone(x[s]), y[s]).backward()
+    worst = max(float(np.abs(a - p.grad.numpy()).max())
+                for a, p in zip(got, alone.parameters(), strict=True))  # fmt: skip
+    assert_all(worst < 1e-12, f"accumulated gradients differ by {worst}", comm)
+
+
+@pytest.mark.reliability("bad_input")
+def test_models_that_differ_between_ranks_are_named_on_every_rank(comm):
+    if comm.Get_size() < 2:
+        pytest.skip("needs two ranks to disagree")
+    width = 32 if comm.Get_rank() == 0 else 33
+    net = torch.nn.Sequential(torch.nn.Linear(10, width), torch.nn.Linear(width, 3))
+    with pytest.raises(SgdError, match=r"models differ: rank \d has 0.weight of shape"):
+        DataParallel(net, comm=comm)
+    with pytest.raises(SgdError, match="bucket_mib"):
+        DataParallel(make_net(), comm=comm, bucket_mib=0)
