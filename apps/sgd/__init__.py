@@ -5,7 +5,9 @@
 ``SyncTrainer`` trains with bucketed gradient ``hpcpar.iallreduce`` overlapped with the
 backward pass (``mode="local"``: local SGD); ``async_ps.AsyncTrainer`` is asynchronous
 SGD with a parameter server; ``hogwild.HogwildTrainer`` shares one model per node in an
-MPI shared-memory window. ``hpcpar bench sgd`` compares the modes with PyTorch DDP.
+MPI shared-memory window. ``hpcpar.apps.sgd.torch.DataParallel`` trains PyTorch models
+data-parallel over the same collectives. ``hpcpar bench sgd`` compares the modes with
+PyTorch DDP.
 """
 
 from __future__ import annotations

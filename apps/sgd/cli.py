@@ -20,7 +20,21 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         default="digits",
         help="digits, breast_cancer, wine (scikit-learn's), synthetic, synthetic_sparse",
     )
-    parser.add_argument("--model", default="mlp", help="softmax, mlp or mlp2 (default mlp)")
+    parser.add_argument(
+        "--framework",
+        choices=("numpy", "torch"),
+        default="numpy",
+        help="numpy: hpcpar's own models and modes; torch: a PyTorch model through "
+        "hpcpar.apps.sgd.torch.DataParallel (mode sync)",
+    )
+    parser.add_argument(
+        "--model",
+        default="mlp",
+        help="numpy: softmax, mlp or mlp2; torch: mlp, mlp2 or cnn (default mlp)",
+    )
+    parser.add_argument(
+        "--momentum", type=real(0, 1), default=0.0, help="torch: SGD momentum (default 0)"
+    )
     parser.add_argument(
         "--hidden", type=integer(1, 1 << 20), default=64, help="hidden width (default 64)"
     )
@@ -75,6 +89,14 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     from .models import make_model
 
     _check(args)
+    if args.framework == "torch":
+        from types import SimpleNamespace
+
+        from .torch_train import run_torch
+
+        rows, params = run_torch(comm, args)
+        _write(comm, args, rows, SimpleNamespace(params=params))
+        return 0
     say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
     size = comm.Get_size()
     sharded = size > 1 and not args.full_data and args.mode != "async"

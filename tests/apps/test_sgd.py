@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hpcpar.apps.sgd import SgdError, SyncTrainer, load_dataset, make_model
@@ -183,3 +185,59 @@ def test_training_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_model(
     again = train(3, tmp_path / "b.json", *ck, "--epochs", "4")
     assert again.returncode == 2 and "'params'" in again.stderr, again.stderr
     assert len(again.stderr.strip().splitlines()) <= 3, again.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.reliability("fault")
+def test_a_torch_model_killed_mid_run_resumes_to_the_same_model(tmp_path):
+    """``--framework torch``: a run killed after a checkpoint resumes to the uninterrupted
+    run's model bit for bit on the same ranks, and on another rank count to the same
+    model within float32 reduction order (every global batch is the same rows there)."""
+    import sys
+
+    pytest.importorskip("torch", reason="the torch front end needs torch (pip install torch)")
+    from launching import clean_env, launch
+
+    def train(ranks, out, *extra, env=None):
+        args = ["-m", "hpcpar", "sgd", "--framework", "torch", "--dataset", "digits",
+                "--model", "cnn", "--epochs", "2", "--batch", "96", "--lr", "0.05",
+                "--momentum", "0.9", "--out", str(out), *extra]  # fmt: skip
+        return launch(ranks, sys.executable, *args, layout="ppn:1", env=env)
+
+    plain = train(2, tmp_path / "plain.json")
+    assert plain.returncode == 0, plain.stderr
+    assert "torch cnn" in plain.stdout and "epoch    2" in plain.stdout, plain.stdout
+    expect = np.load(tmp_path / "plain.npy")
+    for ranks in (2, 3):
+        ck = ["--checkpoint", str(tmp_path / f"ck{ranks}"), "--checkpoint-every", "4"]
+        fault = clean_env(HPCPAR_CHECKPOINT_FAULT="kill=after-commit,step=8,rank=1")
+        crashed = train(2, tmp_path / "killed.json", *ck, env=fault)
+        assert crashed.returncode != 0
+        again = train(ranks, tmp_path / f"resumed{ranks}.json", *ck)
+        assert again.returncode == 0, again.stderr
+        assert "# resumed at step 8" in again.stdout, again.stdout
+        got = np.load(tmp_path / f"resumed{ranks}.npy")
+        if ranks == 2:
+            assert np.array_equal(got, expect)
+        else:
+            assert np.allclose(got, expect, rtol=1e-3, atol=1e-5), np.abs(got - expect).max()
+        rows = json.loads((tmp_path / f"resumed{ranks}.json").read_text())["results"]["epochs"]
+        assert [r["epoch"] for r in rows] == [1, 2]  # the first epoch's row came back too
+
+
+@pytest.mark.reliability("bad_input")
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--model", "cnn", "--dataset", "breast_cancer"], "not a square"),
+        (["--model", "resnet"], "unknown torch model 'resnet'"),
+        (["--mode", "async"], "mode sync only"),
+    ],
+)
+def test_bad_torch_runs_are_one_line_errors(extra, message):
+    pytest.importorskip("torch", reason="the torch front end needs torch (pip install torch)")
+    from launching import hpcpar
+
+    done = hpcpar("sgd", "--framework", "torch", "--epochs", "1", *extra)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -1,0 +1,261 @@
+"""``hpcpar sgd --framework torch``: a PyTorch model trained through ``DataParallel``.
+
+The same data sets as the numpy modes (scikit-learn's bundled ones, synthetic sets, a
+user's ``.npz``/``.h5``), loaded whole on every rank. Every global batch is the same
+rows at any rank count (one shuffle per epoch), split over the ranks as evenly as it
+goes; each rank's loss is weighted by its share, so the averaged gradient is the
+global batch's mean whatever the split. Checkpoints hold the model and the optimizer
+state once (``Replicated``: every rank holds the same), the data position and torch's
+random state, so a killed run resumes to the same model, on any number of ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from .models import SgdError
+
+__all__ = ["TORCH_MODELS", "build_torch_model", "run_torch"]
+
+TORCH_MODELS = ("mlp", "mlp2", "cnn")
+
+
+def build_torch_model(name: str, n_features: int, n_classes: int, hidden: int, seed: int) -> Any:
+    """A torch network by name.
+
+    ``mlp``: one hidden tanh layer; ``mlp2``: two; ``cnn``: two 3x3 convolutions on
+    square single-channel images (digits' 8x8).
+
+    Raises:
+        SgdError: an unknown model, or ``cnn`` on rows that are not square images.
+    """
+    import torch
+
+    nn = torch.nn
+    torch.manual_seed(seed)
+    if name == "mlp":
+        return nn.Sequential(nn.Linear(n_features, hidden), nn.Tanh(), nn.Linear(hidden, n_classes))
+    if name == "mlp2":
+        return nn.Sequential(nn.Linear(n_features, hidden), nn.Tanh(), nn.Linear(hidden, hidden),
+                             nn.Tanh(), nn.Linear(hidden, n_classes))  # fmt: skip
+    if name == "cnn":
+        side = math.isqrt(n_features)
+        if side * side != n_features:
+            raise SgdError(f"cnn takes square single-channel images; {n_features} features "
+                           "per row are not a square")  # fmt: skip
+        return nn.Sequential(
+            nn.Unflatten(1, (1, side, side)),
+            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+            nn.Flatten(), nn.Linear(32 * side * side, n_classes),
+        )  # fmt: skip
+    raise SgdError(f"unknown torch model {name!r}; choose from {', '.join(TORCH_MODELS)}")
+
+
+def my_rows(order: np.ndarray, index: int, batch: int, rank: int, size: int) -> np.ndarray:
+    """This rank's rows of global batch ``index`` (the batch split as evenly as it goes)."""
+    rows = order[index * batch : (index + 1) * batch]
+    return np.array_split(rows, size)[rank]
+
+
+def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """Train as ``args`` says.
+
+    Returns:
+        The epochs' rows (the same on every rank) and the final parameters, flattened.
+
+    Raises:
+        SgdError: a bad model, data set or checkpoint.
+    """
+    import torch
+
+    from hpcpar.topology import Hierarchy
+
+    from .data import load_dataset
+    from .torch import DataParallel
+
+    if args.mode != "sync":
+        raise SgdError(f"--framework torch trains in mode sync only, not {args.mode}")
+    size = comm.Get_size()
+    say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
+    data = load_dataset(args.dataset, args.seed)
+    if args.batch < size:
+        raise SgdError(f"--batch {args.batch} is smaller than the {size} ranks")
+    n = data.y_train.size
+    steps = n // args.batch
+    if steps < 1:
+        raise SgdError(f"{args.dataset}: {n} training rows make no batch of {args.batch}")
+    net = build_torch_model(args.model, data.n_features, data.n_classes, args.hidden, args.seed)
+    h = Hierarchy(comm, layout=args.layout)
+    model = DataParallel(net, comm=h, bucket_mib=args.bucket_mib)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    n_params = sum(p.numel() for p in net.parameters())
+    ck, step, rows = _resume(args, h, net, opt)
+    say(f"# hpcpar sgd: torch {args.model} ({n_params} parameters) on {args.dataset} "
+        f"({n} training rows), {size} rank(s), global batch {args.batch}, lr {args.lr}, "
+        f"buckets of {args.bucket_mib:g} MiB")  # fmt: skip
+    if step:
+        say(f"# resumed at step {step} (epoch {step // steps}, batch {step % steps})")
+    try:
+        for e in range(step // steps, args.epochs):
+            start = step % steps if e == step // steps else 0
+            rows.append(_epoch(comm, args, (model, opt, ck), data, e, start, rows))
+            step = (e + 1) * steps
+            say(f"  epoch {e + 1:4d}  loss {rows[-1]['loss']:.4f}  test accuracy "
+                f"{rows[-1]['test_accuracy']:.4f}  {rows[-1]['samples_per_s']:10.0f} samples/s",
+                flush=True)  # fmt: skip
+    finally:
+        model.free()
+        if ck is not None:
+            import sys
+
+            ck.close(sync=sys.exc_info()[0] is None)
+    params = np.concatenate([p.detach().numpy().reshape(-1) for p in net.parameters()])
+    h.free()
+    return rows, params
+
+
+def _epoch(comm: Any, args: argparse.Namespace, training: tuple[Any, Any, Any], data: Any,
+           e: int, start: int, rows: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """Epoch ``e`` from batch ``start``, saving every ``--checkpoint-every`` steps."""
+    import torch
+
+    from .data import epoch_order
+
+    model, opt, ck = training
+    rank, size = comm.Get_rank(), comm.Get_size()
+    n = data.y_train.size
+    steps = n // args.batch
+    every = args.checkpoint_every if args.checkpoint_every is not None else steps
+    x = torch.from_numpy(np.ascontiguousarray(data.x_train, dtype=np.float32))
+    y = torch.from_numpy(data.y_train.astype(np.int64))
+    f = torch.nn.functional
+    order = epoch_order(args.seed, e, n)
+    loss_sum, t0 = 0.0, time.perf_counter()
+    for index in range(start, steps):
+        mine = torch.from_numpy(my_rows(order, index, args.batch, rank, size).copy())
+        # each rank's mean weighted by its share: the ranks' average is the global
+        # batch's mean however it was split
+        weight = mine.numel() * size / args.batch
+        loss = f.cross_entropy(model(x[mine]), y[mine]) * weight
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss_sum += float(loss.detach()) / weight * mine.numel()
+        step = e * steps + index + 1
+        if ck is not None and every and step % every == 0 and index + 1 < steps:
+            ck.save(step, _state(args, model.module, opt, step, rows))
+    row = _row(comm, args, model, data, e, loss_sum, t0, steps - start)
+    step = (e + 1) * steps
+    if ck is not None and every and step % every == 0:  # with the epoch's figures
+        ck.save(step, _state(args, model.module, opt, step, [*rows, row]))
+    return row
+
+
+def _row(comm: Any, args: argparse.Namespace, model: Any, data: Any, e: int, loss_sum: float,
+         t0: float, batches: int) -> dict[str, Any]:  # fmt: skip
+    """The epoch's figures, the same on every rank (collective)."""
+    seconds = comm.allreduce(time.perf_counter() - t0, op=_max())
+    loss = comm.allreduce(loss_sum) / max(1, batches * args.batch)
+    return {"epoch": e + 1, "loss": loss, "test_accuracy": _accuracy(model.module, data),
+            "seconds": seconds, "samples_per_s": batches * args.batch / seconds,
+            "comm_seconds": 0.0}  # fmt: skip
+
+
+def _max() -> Any:
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def _accuracy(net: Any, data: Any) -> float:
+    import torch
+
+    with torch.no_grad():
+        out = net(torch.from_numpy(np.ascontiguousarray(data.x_test, dtype=np.float32)))
+    return float((out.argmax(dim=1).numpy() == data.y_test).mean())
+
+
+_HISTORY = ("epoch", "loss", "test_accuracy", "seconds", "samples_per_s", "comm_seconds")
+
+
+def _state(args: argparse.Namespace, net: Any, opt: Any, step: int, rows: list) -> dict[str, Any]:
+    """What a resume needs, every array once (every rank holds the same)."""
+    import torch
+    from hpcpar.checkpoint import Replicated
+
+    optimizer = opt.state_dict()
+    table = [[float(r[c]) for c in _HISTORY] for r in rows]
+    return {
+        "app": "sgd-torch", "model": args.model, "dataset": args.dataset, "step": step,
+        "params": {k: Replicated(v.detach().numpy().copy()) for k, v in net.state_dict().items()},
+        "optimizer": {
+            "state": {str(i): {k: Replicated(v.numpy().copy()) if torch.is_tensor(v) else v
+                               for k, v in s.items()} for i, s in optimizer["state"].items()},
+            "param_groups": optimizer["param_groups"],
+        },
+        "rng": Replicated(torch.get_rng_state().numpy().copy()),
+        "history": Replicated(np.array(table, dtype=np.float64).reshape(len(rows), len(_HISTORY))),
+    }  # fmt: skip
+
+
+def _resume(args: argparse.Namespace, h: Any, net: Any, opt: Any) -> tuple[Any, int, list]:
+    """The checkpointer (or None), the step to start from and the finished epochs' rows."""
+    if not args.checkpoint:
+        return None, 0, []
+    import torch
+    from hpcpar.checkpoint import Checkpointer
+
+    ck = Checkpointer(args.checkpoint, comm=h, levels=["memory", "local"])
+    if not ck.versions():
+        return ck, 0, []
+    _, state = ck.restore()
+    state = _plain(state)
+    held = f"{state.get('app')} {state.get('model')} on {state.get('dataset')}"
+    if (state.get("app"), state.get("model"), state.get("dataset")) != (
+        "sgd-torch",
+        args.model,
+        args.dataset,
+    ):
+        raise SgdError(f"{args.checkpoint} holds a checkpoint of {held}; this run trains "
+                       f"sgd-torch {args.model} on {args.dataset}")  # fmt: skip
+    try:
+        net.load_state_dict(
+            {k: torch.from_numpy(np.asarray(v)) for k, v in state["params"].items()}
+        )
+        optimizer = state["optimizer"]
+        opt.load_state_dict({
+            "state": {int(i): {k: torch.from_numpy(np.asarray(v)) if isinstance(v, np.ndarray)
+                               else v for k, v in s.items()}
+                      for i, s in optimizer["state"].items()},
+            "param_groups": optimizer["param_groups"],
+        })  # fmt: skip
+        torch.set_rng_state(torch.from_numpy(np.asarray(state["rng"])))
+    except (KeyError, RuntimeError, ValueError, TypeError) as exc:
+        raise SgdError(
+            f"{args.checkpoint}: the checkpoint does not fit this model ({exc})"
+        ) from None
+    rows = [dict(zip(_HISTORY, map(float, r), strict=True)) for r in np.asarray(state["history"])]
+    for r in rows:
+        r["epoch"] = int(r["epoch"])
+    return ck, int(state["step"]), rows
+
+
+def _plain(value: Any) -> Any:
+    """A restored state with its Replicated leaves as plain arrays."""
+    from hpcpar.checkpoint import Replicated, Sharded
+
+    if isinstance(value, (Replicated, Sharded)):
+        return np.asarray(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return value
