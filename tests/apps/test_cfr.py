@@ -185,7 +185,7 @@ def test_cli_run_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_policy(
     ends with the uninterrupted run's policy, bit for bit."""
     import sys
 
-    from launching import clean_env, launch
+    from launching import killed_and_resumed, launch
 
     def solve(ranks, policy, *extra, env=None):
         game = ["--game", "leduc_poker", "--algorithm", "dcfr", "--iterations", "30"]
@@ -196,12 +196,7 @@ def test_cli_run_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_policy(
     plain = solve(2, tmp_path / "plain.json")
     assert plain.returncode == 0, plain.stderr
     for ranks in (1, 3):
-        ck = ["--checkpoint", str(tmp_path / f"ck{ranks}"), "--checkpoint-every", "10"]
-        fault = clean_env(HPCPAR_CHECKPOINT_FAULT="kill=after-commit,step=20,rank=1")
-        crashed = solve(2, tmp_path / "killed.json", *ck, env=fault)
-        assert crashed.returncode != 0
-        again = solve(ranks, tmp_path / f"resumed{ranks}.json", *ck)
-        assert again.returncode == 0, again.stderr
+        again = killed_and_resumed(solve, tmp_path, ranks, every=10, step=20)
         assert "# resumed at iteration 20" in again.stdout, again.stdout
         assert (tmp_path / "plain.json").read_text() == (
             tmp_path / f"resumed{ranks}.json"

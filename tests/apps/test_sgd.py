@@ -159,7 +159,7 @@ def test_training_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_model(
     rank count, so the resumed run's is the uninterrupted run's."""
     import sys
 
-    from launching import clean_env, launch
+    from launching import killed_and_resumed, launch
 
     def train(ranks, out, *extra, env=None):
         args = ["-m", "hpcpar", "sgd", "--dataset", "wine", "--model", "mlp", "--hidden", "8",
@@ -170,12 +170,7 @@ def test_training_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_model(
     plain = train(2, tmp_path / "plain.json")
     assert plain.returncode == 0, plain.stderr
     for ranks in (1, 3):
-        ck = ["--checkpoint", str(tmp_path / f"ck{ranks}"), "--checkpoint-every", "4"]
-        fault = clean_env(HPCPAR_CHECKPOINT_FAULT="kill=after-commit,step=8,rank=1")
-        crashed = train(2, tmp_path / "killed.json", *ck, env=fault)
-        assert crashed.returncode != 0
-        again = train(ranks, tmp_path / f"resumed{ranks}.json", *ck)
-        assert again.returncode == 0, again.stderr
+        again = killed_and_resumed(train, tmp_path, ranks, every=4, step=8)
         assert "# resumed at step 8" in again.stdout, again.stdout
         same = np.load(tmp_path / "plain.npy"), np.load(tmp_path / f"resumed{ranks}.npy")
         assert np.array_equal(*same), ranks
@@ -196,7 +191,7 @@ def test_a_torch_model_killed_mid_run_resumes_to_the_same_model(tmp_path):
     import sys
 
     pytest.importorskip("torch", reason="the torch front end needs torch (pip install torch)")
-    from launching import clean_env, launch
+    from launching import killed_and_resumed, launch
 
     def train(ranks, out, *extra, env=None):
         args = ["-m", "hpcpar", "sgd", "--framework", "torch", "--dataset", "digits",
@@ -209,12 +204,7 @@ def test_a_torch_model_killed_mid_run_resumes_to_the_same_model(tmp_path):
     assert "torch cnn" in plain.stdout and "epoch    2" in plain.stdout, plain.stdout
     expect = np.load(tmp_path / "plain.npy")
     for ranks in (2, 3):
-        ck = ["--checkpoint", str(tmp_path / f"ck{ranks}"), "--checkpoint-every", "4"]
-        fault = clean_env(HPCPAR_CHECKPOINT_FAULT="kill=after-commit,step=8,rank=1")
-        crashed = train(2, tmp_path / "killed.json", *ck, env=fault)
-        assert crashed.returncode != 0
-        again = train(ranks, tmp_path / f"resumed{ranks}.json", *ck)
-        assert again.returncode == 0, again.stderr
+        again = killed_and_resumed(train, tmp_path, ranks, every=4, step=8)
         assert "# resumed at step 8" in again.stdout, again.stdout
         got = np.load(tmp_path / f"resumed{ranks}.npy")
         if ranks == 2:

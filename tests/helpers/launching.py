@@ -37,3 +37,16 @@ def launch(ranks: int, *command: str, layout: str | None = None, env=None):
     return hpcpar(
         "launch", "-n", str(ranks), "--timeout", str(JOB_TIMEOUT), *extra, "--", *command, env=env
     )
+
+
+def killed_and_resumed(job, folder, ranks: int, every: int, step: int):
+    """``job(ranks, out, *extra, env=None)`` run at 2 ranks saving every ``every`` steps,
+    rank 1 killed right after step ``step`` commits, then run again at ``ranks`` ranks
+    from the checkpoints (output ``folder/resumed<ranks>.json``); the resumed run."""
+    ck = ["--checkpoint", str(folder / f"ck{ranks}"), "--checkpoint-every", str(every)]
+    fault = clean_env(HPCPAR_CHECKPOINT_FAULT=f"kill=after-commit,step={step},rank=1")
+    crashed = job(2, folder / "killed.json", *ck, env=fault)
+    assert crashed.returncode != 0, crashed.stdout
+    again = job(ranks, folder / f"resumed{ranks}.json", *ck)
+    assert again.returncode == 0, again.stderr
+    return again
