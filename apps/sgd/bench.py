@@ -5,9 +5,10 @@ In one job, for the model and data chosen: hpcpar's SGD modes (``sync``, ``local
 efficiency), PyTorch's ``DistributedDataParallel`` over gloo training the same network
 (same layers, tanh, float64, the same initial weights, global batch, learning rate and
 data order) on every rank, the same torch network through hpcpar's ``DataParallel``
-(``torch-hpcpar``; ``torch-hpcpar-after`` reduces its buckets after the backward pass
-instead of during it), and, for the linear model, scikit-learn's ``SGDClassifier``
-on rank 0. Variants are interleaved over ``--repeats`` runs of ``--epochs`` epochs.
+(``torch-hpcpar`` as it chooses; ``torch-hpcpar-thread`` reducing its buckets on a thread
+during the backward pass, ``torch-hpcpar-after`` after it), and, for the linear model,
+scikit-learn's ``SGDClassifier`` on rank 0. Variants are interleaved over ``--repeats``
+runs of ``--epochs`` epochs.
 
 Figures per variant: samples/s (median over every timed epoch, min, max and the
 quartile spread), time to ``--target`` test accuracy (median over the runs; training
@@ -37,7 +38,8 @@ __all__: list[str] = []
 
 MODES = ("sync", "local", "async", "hogwild")
 # the torch variants: the same network through torch DDP or hpcpar's DataParallel
-_TORCH = {"torch-ddp-gloo": "ddp", "torch-hpcpar": "hpcpar", "torch-hpcpar-after": "hpcpar-after"}
+_TORCH = {"torch-ddp-gloo": "ddp", "torch-hpcpar": "hpcpar", "torch-hpcpar-thread": "thread",
+          "torch-hpcpar-after": "after"}  # fmt: skip
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -104,8 +106,8 @@ class _TorchRun:
     """Torch training of the same network, data-parallel through DDP or hpcpar.
 
     ``wrap``: ``ddp`` (torch's ``DistributedDataParallel``), ``hpcpar`` (hpcpar's
-    ``DataParallel``) or ``hpcpar-after`` (the same, every bucket reduced after the
-    backward pass instead of during it).
+    ``DataParallel`` as it chooses), ``thread`` (its buckets reduced on a thread during
+    the backward pass) or ``after`` (after it).
     """
 
     def __init__(self, model: Any, data: Any, comm: Any, h: Any, args: argparse.Namespace,
@@ -128,8 +130,9 @@ class _TorchRun:
         if wrap == "ddp":
             self.ddp = DistributedDataParallel(self.net, bucket_cap_mb=args.bucket_mib)
         else:
+            overlap = {"hpcpar": None, "thread": True, "after": False}[wrap]
             self.ddp = DataParallel(self.net, comm=h, bucket_mib=args.bucket_mib,
-                                    overlap=wrap == "hpcpar")  # fmt: skip
+                                    overlap=overlap)  # fmt: skip
         self.opt = torch.optim.SGD(self.ddp.parameters(), lr=args.lr)
         self.torch, self.data, self.comm = torch, data, comm
         self.batch, self.seed = args.batch, args.seed

@@ -18,7 +18,8 @@ the parameters' registration (the order in which the backward pass produces them
 parameter's gradient is copied into its bucket as soon as autograd has accumulated it;
 a full bucket is handed to a communication thread that reduces it with
 ``hpcpar.allreduce`` (any algorithm, ``auto`` by default, over real or virtual nodes)
-while the backward pass goes on computing the next ones. Buckets are reduced in the same
+while the backward pass goes on computing the next ones (where the host has a core to spare for
+the thread: see ``overlap``). Buckets are reduced in the same
 order on every rank; at the end of the backward pass the rest are sent, and the averaged
 gradients are written back before ``backward()`` returns.
 
@@ -149,8 +150,11 @@ class DataParallel:
             (virtual nodes for the hierarchical algorithms).
         bucket_mib: Bucket size in MiB (gradients of one dtype and device per bucket).
         algorithm: The allreduce algorithm (``auto``: the cost model's choice).
-        overlap: Reduce buckets on a communication thread while the backward pass runs
-            (default); ``False`` reduces them all after it, on the calling thread.
+        overlap: ``True``: reduce buckets on a communication thread while the backward
+            pass runs; ``False``: reduce them all after it, on the calling thread;
+            ``None`` (default): the thread where this host has a core for it (more
+            usable cores than ranks on the host), since a thread that must share its
+            rank's core with the backward pass slows both.
 
     Raises:
         SgdError: the ranks' models differ (the first differing parameter is named, on
@@ -164,7 +168,7 @@ class DataParallel:
         comm: Any = None,
         bucket_mib: float = 25.0,
         algorithm: str = "auto",
-        overlap: bool = True,
+        overlap: bool | None = None,
     ) -> None:
         import torch
         from mpi4py import MPI
@@ -195,6 +199,8 @@ class DataParallel:
         self._in_pass = False
         self._next = 0  # the next bucket to send: every rank sends them in index order
         threads_ok = MPI.Query_thread() >= MPI.THREAD_SERIALIZED
+        if overlap is None:
+            overlap = _spare_core(base)
         self.overlap = bool(overlap) and threads_ok
         self._reducer: _Reducer | None = None
         if self.overlap:
@@ -356,6 +362,20 @@ class DataParallel:
                         p.grad = mean.clone()
                     else:
                         p.grad.copy_(mean)
+
+
+def _spare_core(comm: Any) -> bool:
+    """Whether this host has more usable cores than ranks of ``comm`` (collective)."""
+    from mpi4py import MPI
+
+    from hpcpar.runtime.env import usable_cores
+
+    host = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        ranks = host.Get_size()
+    finally:
+        host.Free()
+    return bool(comm.allreduce(int(usable_cores() > ranks), op=MPI.MIN))
 
 
 def _make_buckets(torch: Any, params: list[Any], limit: int) -> list[_Bucket]:
