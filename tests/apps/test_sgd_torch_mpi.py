@@ -139,3 +139,40 @@ def test_models_that_differ_between_ranks_are_named_on_every_rank(comm):
         DataParallel(net, comm=comm)
     with pytest.raises(SgdError, match="bucket_mib"):
         DataParallel(make_net(), comm=comm, bucket_mib=0)
+
+
+@pytest.mark.parametrize("hierarchical", [False, True])
+def test_zero_stage_1_trains_the_unsharded_model_with_a_share_of_the_state(comm, hierarchical):
+    """Adam's moments sharded over the ranks (reduce-scatter, step a slice, allgather):
+    the model of one process training Adam on the whole batch."""
+    from hpcpar.apps.sgd.torch import ZeroOptimizer
+
+    def adam(params):
+        return torch.optim.Adam(params, lr=0.01)
+
+    x, y = data(4)
+    f = torch.nn.functional
+    alone = make_net()
+    opt = adam(alone.parameters())
+    for s in range(4):
+        opt.zero_grad()
+        f.cross_entropy(alone(x[s]), y[s]).backward()
+        opt.step()
+    rows = my_rows(comm)
+    with (
+        hpcpar.Hierarchy(comm, layout="ppn:2") as h,
+        DataParallel(make_net(seed=comm.Get_rank()), comm=h) as model,
+    ):
+        zero = ZeroOptimizer(model, adam, hierarchical=hierarchical)
+        for s in range(4):
+            zero.zero_grad()
+            f.cross_entropy(model(x[s][rows]), y[s][rows]).backward()
+            zero.step()
+        total = sum(p.numel() for p in alone.parameters())
+        held = sum(v.numel() for st in zero.optimizer.state.values()
+                   for v in st.values() if torch.is_tensor(v) and v.dim())  # fmt: skip
+        assert_all(held == 2 * zero.counts[comm.Get_rank()], f"{held} moments held", comm)
+        assert_all(comm.allreduce(held) == 2 * total, "every moment held once", comm)
+        worst = max(float((a - b).abs().max().detach()) for a, b in
+                    zip(model.parameters(), alone.parameters(), strict=True))  # fmt: skip
+    assert_all(worst < 1e-10, f"parameters differ from unsharded Adam by {worst}", comm)
