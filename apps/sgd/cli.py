@@ -25,7 +25,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("numpy", "torch"),
         default="numpy",
         help="numpy: hpcpar's own models and modes; torch: a PyTorch model through "
-        "hpcpar.apps.sgd.torch.DataParallel (mode sync)",
+        "hpcpar.apps.sgd.torch.DataParallel (mode sync or local)",
     )
     parser.add_argument(
         "--model",
@@ -34,6 +34,25 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--momentum", type=real(0, 1), default=0.0, help="torch: SGD momentum (default 0)"
+    )
+    parser.add_argument(
+        "--zero",
+        action="store_true",
+        help="torch, mode sync: shard the optimizer state over the ranks (ZeRO stage 1; "
+        "two-level scatter and gather with --layout)",
+    )
+    parser.add_argument(
+        "--outer-lr",
+        type=real(0, above=True),
+        default=1.0,
+        help="torch, mode local: outer learning rate (default 1: model averaging)",
+    )
+    parser.add_argument(
+        "--outer-momentum",
+        type=real(0, 1),
+        default=0.0,
+        help="torch, mode local: outer Nesterov momentum (DiLoCo: --outer-lr 0.7 "
+        "--outer-momentum 0.9; default 0)",
     )
     parser.add_argument(
         "--hidden", type=integer(1, 1 << 20), default=64, help="hidden width (default 64)"

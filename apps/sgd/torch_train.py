@@ -72,15 +72,19 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
     Raises:
         SgdError: a bad model, data set or checkpoint.
     """
-    import torch
-
     from hpcpar.topology import Hierarchy
 
     from .data import load_dataset
     from .torch import DataParallel
 
-    if args.mode != "sync":
-        raise SgdError(f"--framework torch trains in mode sync only, not {args.mode}")
+    if args.mode not in ("sync", "local"):
+        raise SgdError(f"--framework torch trains in mode sync or local, not {args.mode}")
+    if args.zero and args.mode != "sync":
+        raise SgdError("--zero shards the optimizer state of mode sync only")
+    if args.mode == "local" and args.checkpoint_every and args.checkpoint_every % args.local_steps:
+        raise SgdError(f"mode local saves when the ranks meet: --checkpoint-every "
+                       f"{args.checkpoint_every} must be a multiple of --local-steps "
+                       f"{args.local_steps}")  # fmt: skip
     size = comm.Get_size()
     say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
     data = load_dataset(args.dataset, args.seed)
@@ -93,7 +97,7 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
     net = build_torch_model(args.model, data.n_features, data.n_classes, args.hidden, args.seed)
     h = Hierarchy(comm, layout=args.layout)
     model = DataParallel(net, comm=h, bucket_mib=args.bucket_mib)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    opt = _optimizer(args, model)
     n_params = sum(p.numel() for p in net.parameters())
     ck, step, rows = _resume(args, h, net, opt)
     say(f"# hpcpar sgd: torch {args.model} ({n_params} parameters) on {args.dataset} "
@@ -109,6 +113,8 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
             say(f"  epoch {e + 1:4d}  loss {rows[-1]['loss']:.4f}  test accuracy "
                 f"{rows[-1]['test_accuracy']:.4f}  {rows[-1]['samples_per_s']:10.0f} samples/s",
                 flush=True)  # fmt: skip
+        if getattr(opt, "taken", 0):  # local steps since the ranks last met: meet now
+            opt.synchronize()
     finally:
         model.free()
         if ck is not None:
@@ -162,9 +168,33 @@ def _row(comm: Any, args: argparse.Namespace, model: Any, data: Any, e: int, los
     """The epoch's figures, the same on every rank (collective)."""
     seconds = comm.allreduce(time.perf_counter() - t0, op=_max())
     loss = comm.allreduce(loss_sum) / max(1, batches * args.batch)
-    return {"epoch": e + 1, "loss": loss, "test_accuracy": _accuracy(model.module, data),
+    accuracy = _accuracy(model.module, data) if comm.Get_rank() == 0 else None
+    return {"epoch": e + 1, "loss": loss, "test_accuracy": comm.bcast(accuracy, root=0),
             "seconds": seconds, "samples_per_s": batches * args.batch / seconds,
             "comm_seconds": 0.0}  # fmt: skip
+
+
+def _optimizer(args: argparse.Namespace, model: Any) -> Any:
+    """Mode sync: SGD (``--zero``: its state sharded); local: inner SGD and outer steps."""
+    import torch
+
+    from .torch import LocalSGD, ZeroOptimizer
+
+    def sgd(params: Any) -> Any:
+        return torch.optim.SGD(params, lr=args.lr, momentum=args.momentum)
+
+    if args.mode == "local":
+        nesterov = args.outer_momentum > 0
+
+        def outer(params: Any) -> Any:
+            return torch.optim.SGD(params, lr=args.outer_lr, momentum=args.outer_momentum,
+                                   nesterov=nesterov)  # fmt: skip
+
+        return LocalSGD(model, sgd(model.parameters()), steps=args.local_steps,
+                        make_outer=outer)  # fmt: skip
+    if args.zero:
+        return ZeroOptimizer(model, sgd, hierarchical=args.layout is not None)
+    return sgd(model.parameters())
 
 
 def _max() -> Any:
@@ -185,23 +215,84 @@ _HISTORY = ("epoch", "loss", "test_accuracy", "seconds", "samples_per_s", "comm_
 
 
 def _state(args: argparse.Namespace, net: Any, opt: Any, step: int, rows: list) -> dict[str, Any]:
-    """What a resume needs, every array once (every rank holds the same)."""
+    """What a resume needs.
+
+    The model once (every rank holds the same), the optimizer's state (``--zero``: each
+    rank's slice, ``Sharded``), the data position and torch's random state.
+    """
     import torch
     from hpcpar.checkpoint import Replicated
 
-    optimizer = opt.state_dict()
     table = [[float(r[c]) for c in _HISTORY] for r in rows]
     return {
         "app": "sgd-torch", "model": args.model, "dataset": args.dataset, "step": step,
         "params": {k: Replicated(v.detach().numpy().copy()) for k, v in net.state_dict().items()},
-        "optimizer": {
-            "state": {str(i): {k: Replicated(v.numpy().copy()) if torch.is_tensor(v) else v
-                               for k, v in s.items()} for i, s in optimizer["state"].items()},
-            "param_groups": optimizer["param_groups"],
-        },
+        "optimizer": _optimizer_state(opt),
         "rng": Replicated(torch.get_rng_state().numpy().copy()),
         "history": Replicated(np.array(table, dtype=np.float64).reshape(len(rows), len(_HISTORY))),
     }  # fmt: skip
+
+
+def _optimizer_state(opt: Any) -> dict[str, Any]:
+    from hpcpar.checkpoint import Replicated, Sharded
+
+    from .torch import LocalSGD, ZeroOptimizer
+
+    def same(t: Any) -> Any:
+        return Replicated(t.numpy().copy())
+
+    if isinstance(opt, ZeroOptimizer):
+        total = sum(opt.counts)
+
+        def sliced(t: Any) -> Any:
+            return Sharded(t.numpy().copy(), (total,), (opt.lo,)) if t.dim() else same(t)
+
+        return {"inner": _torch_state(opt.optimizer, sliced)}
+    if isinstance(opt, LocalSGD):  # saved when the ranks meet: the inner state is each rank's
+        return {
+            "inner": _torch_state(opt.inner, lambda t: t.numpy().copy()),
+            "outer": _torch_state(opt.outer, same),
+            "common": same(opt.common.detach()),
+        }
+    return {"inner": _torch_state(opt, same)}
+
+
+def _torch_state(opt: Any, mark: Any) -> dict[str, Any]:
+    import torch
+
+    saved = opt.state_dict()
+    return {
+        "state": {str(i): {k: mark(v) if torch.is_tensor(v) else v for k, v in st.items()}
+                  for i, st in saved["state"].items()},
+        "param_groups": saved["param_groups"],
+    }  # fmt: skip
+
+
+def _load_optimizer(opt: Any, saved: dict[str, Any]) -> None:
+    import torch
+
+    from .torch import LocalSGD, ZeroOptimizer
+
+    def load(target: Any, state: dict[str, Any]) -> None:
+        target.load_state_dict({
+            "state": {int(i): {k: torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray)
+                               else v for k, v in st.items()}
+                      for i, st in state["state"].items()},
+            "param_groups": state["param_groups"],
+        })  # fmt: skip
+
+    if isinstance(opt, ZeroOptimizer):
+        load(opt.optimizer, saved["inner"])
+        with torch.no_grad():  # the restored model's slice
+            flat = torch.cat([p.detach().reshape(-1) for p in opt.params])
+            opt.shard.copy_(flat[opt.lo : opt.hi])
+    elif isinstance(opt, LocalSGD):
+        load(opt.inner, saved["inner"])
+        load(opt.outer, saved["outer"])
+        with torch.no_grad():
+            opt.common.copy_(torch.from_numpy(np.asarray(saved["common"])))
+    else:
+        load(opt, saved["inner"])
 
 
 def _resume(args: argparse.Namespace, h: Any, net: Any, opt: Any) -> tuple[Any, int, list]:
@@ -214,7 +305,12 @@ def _resume(args: argparse.Namespace, h: Any, net: Any, opt: Any) -> tuple[Any, 
     ck = Checkpointer(args.checkpoint, comm=h, levels=["memory", "local"])
     if not ck.versions():
         return ck, 0, []
-    _, state = ck.restore()
+    from .torch import ZeroOptimizer
+
+    if isinstance(opt, ZeroOptimizer):  # this rank's slice of the optimizer state
+        _, state = ck.restore(reshard=lambda name, shape: ((opt.lo,), (opt.hi - opt.lo,)))
+    else:
+        _, state = ck.restore()
     state = _plain(state)
     held = f"{state.get('app')} {state.get('model')} on {state.get('dataset')}"
     if (state.get("app"), state.get("model"), state.get("dataset")) != (
@@ -228,15 +324,9 @@ def _resume(args: argparse.Namespace, h: Any, net: Any, opt: Any) -> tuple[Any, 
         net.load_state_dict(
             {k: torch.from_numpy(np.asarray(v)) for k, v in state["params"].items()}
         )
-        optimizer = state["optimizer"]
-        opt.load_state_dict({
-            "state": {int(i): {k: torch.from_numpy(np.asarray(v)) if isinstance(v, np.ndarray)
-                               else v for k, v in s.items()}
-                      for i, s in optimizer["state"].items()},
-            "param_groups": optimizer["param_groups"],
-        })  # fmt: skip
+        _load_optimizer(opt, state["optimizer"])
         torch.set_rng_state(torch.from_numpy(np.asarray(state["rng"])))
-    except (KeyError, RuntimeError, ValueError, TypeError) as exc:
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as exc:
         raise SgdError(
             f"{args.checkpoint}: the checkpoint does not fit this model ({exc})"
         ) from None

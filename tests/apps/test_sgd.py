@@ -215,13 +215,40 @@ def test_a_torch_model_killed_mid_run_resumes_to_the_same_model(tmp_path):
         assert [r["epoch"] for r in rows] == [1, 2]  # the first epoch's row came back too
 
 
+@pytest.mark.slow
+@pytest.mark.reliability("fault")
+def test_a_zero_run_resumes_on_another_rank_count_with_its_optimizer_state_resharded(tmp_path):
+    """``--zero`` keeps each rank's slice of the momentum buffers, saved as Sharded
+    blocks: killed at 2 ranks, the run resumes at 3 with the slices resharded, to the
+    model of an uninterrupted 3-rank run within float32 reduction order."""
+    import sys
+
+    pytest.importorskip("torch", reason="the torch front end needs torch (pip install torch)")
+    from launching import killed_and_resumed, launch
+
+    def train(ranks, out, *extra, env=None):
+        args = ["-m", "hpcpar", "sgd", "--framework", "torch", "--zero", "--dataset", "wine",
+                "--model", "mlp", "--hidden", "16", "--epochs", "3", "--batch", "24",
+                "--lr", "0.05", "--momentum", "0.9", "--out", str(out), *extra]  # fmt: skip
+        return launch(ranks, sys.executable, *args, env=env)
+
+    plain = train(3, tmp_path / "plain.json")
+    assert plain.returncode == 0, plain.stderr
+    again = killed_and_resumed(train, tmp_path, 3, every=3, step=6)
+    assert "# resumed at step 6" in again.stdout, again.stdout
+    got, expect = np.load(tmp_path / "resumed3.npy"), np.load(tmp_path / "plain.npy")
+    assert np.allclose(got, expect, rtol=1e-4, atol=1e-6), np.abs(got - expect).max()
+
+
 @pytest.mark.reliability("bad_input")
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
         (["--model", "cnn", "--dataset", "breast_cancer"], "not a square"),
         (["--model", "resnet"], "unknown torch model 'resnet'"),
-        (["--mode", "async"], "mode sync only"),
+        (["--mode", "async"], "mode sync or local"),
+        (["--mode", "local", "--zero"], "--zero shards the optimizer state of mode sync"),
+        (["--mode", "local", "--checkpoint", "ck", "--checkpoint-every", "3"], "multiple of"),
     ],
 )
 def test_bad_torch_runs_are_one_line_errors(extra, message):

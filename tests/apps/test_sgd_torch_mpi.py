@@ -176,3 +176,49 @@ def test_zero_stage_1_trains_the_unsharded_model_with_a_share_of_the_state(comm,
         worst = max(float((a - b).abs().max().detach()) for a, b in
                     zip(model.parameters(), alone.parameters(), strict=True))  # fmt: skip
     assert_all(worst < 1e-10, f"parameters differ from unsharded Adam by {worst}", comm)
+
+
+@pytest.mark.parametrize("outer", ["average", "nesterov"])
+def test_local_sgd_averages_the_moves_of_independent_inner_steps(comm, outer):
+    """Three inner steps per rank on its own rows, then the outer step: plain averaging
+    (outer SGD at learning rate 1) or DiLoCo's Nesterov outer step, computed here from
+    the models every rank trained alone."""
+    from hpcpar.apps.sgd.torch import LocalSGD
+
+    def nesterov(params):
+        return torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
+
+    x, y = data(6)
+    f = torch.nn.functional
+    rows = my_rows(comm)
+    flat = lambda net: torch.cat([p.detach().reshape(-1) for p in net.parameters()])  # noqa: E731
+    # what each rank does alone, and the outer steps done by hand
+    alone = make_net()
+    common = torch.nn.Parameter(flat(alone))
+    outer_opt = nesterov([common]) if outer == "nesterov" else torch.optim.SGD([common], lr=1.0)
+    inner_opt = torch.optim.SGD(alone.parameters(), lr=0.1)
+    for s in range(6):
+        inner_opt.zero_grad()
+        f.cross_entropy(alone(x[s][rows]), y[s][rows]).backward()
+        inner_opt.step()
+        if s % 3 == 2:
+            moved = comm.allreduce((common.detach() - flat(alone)).numpy()) / comm.Get_size()
+            common.grad = torch.from_numpy(moved)
+            outer_opt.step()
+            with torch.no_grad():
+                torch.nn.utils.vector_to_parameters(common.detach().clone(), alone.parameters())
+    with DataParallel(make_net(seed=comm.Get_rank()), comm=comm) as model:
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        local = LocalSGD(model, inner, steps=3,
+                         make_outer=nesterov if outer == "nesterov" else None)  # fmt: skip
+        synced = []
+        for s in range(6):
+            local.zero_grad()
+            f.cross_entropy(model(x[s][rows]), y[s][rows]).backward()
+            synced.append(local.step())
+        got = flat(model.module)
+    assert synced == [False, False, True] * 2
+    worst = float((got - flat(alone)).abs().max())
+    assert_all(worst < 1e-12, f"local SGD differs from the hand-made steps by {worst}", comm)
+    with pytest.raises(SgdError, match="steps must be a positive integer"):
+        LocalSGD(model, inner, steps=0)
