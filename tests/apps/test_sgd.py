@@ -240,6 +240,31 @@ def test_a_zero_run_resumes_on_another_rank_count_with_its_optimizer_state_resha
     assert np.allclose(got, expect, rtol=1e-4, atol=1e-6), np.abs(got - expect).max()
 
 
+@pytest.mark.slow
+@pytest.mark.reliability("fault")
+def test_a_local_sgd_run_resumes_bit_for_bit_from_a_meeting_of_the_ranks(tmp_path):
+    """Mode local saves when the ranks meet (each rank's inner momentum is its own);
+    killed after such a save, it resumes on the same ranks to the same model."""
+    import sys
+
+    pytest.importorskip("torch", reason="the torch front end needs torch (pip install torch)")
+    from launching import killed_and_resumed, launch
+
+    def train(ranks, out, *extra, env=None):
+        args = ["-m", "hpcpar", "sgd", "--framework", "torch", "--mode", "local",
+                "--local-steps", "2", "--outer-lr", "0.7", "--outer-momentum", "0.9",
+                "--dataset", "wine", "--model", "mlp", "--hidden", "16", "--epochs", "3",
+                "--batch", "24", "--lr", "0.05", "--momentum", "0.5", "--out", str(out),
+                *extra]  # fmt: skip
+        return launch(ranks, sys.executable, *args, env=env)
+
+    plain = train(2, tmp_path / "plain.json")
+    assert plain.returncode == 0, plain.stderr
+    again = killed_and_resumed(train, tmp_path, 2, every=2, step=6)
+    assert "# resumed at step 6" in again.stdout, again.stdout
+    assert np.array_equal(np.load(tmp_path / "resumed2.npy"), np.load(tmp_path / "plain.npy"))
+
+
 @pytest.mark.reliability("bad_input")
 @pytest.mark.parametrize(
     ("extra", "message"),
