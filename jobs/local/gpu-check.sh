@@ -74,7 +74,7 @@ step tests-serial python3 -P -m pytest --with-mpi -q -rs -p no:cacheprovider \
   -k "gpu or device"
 step tests-2-ranks hpcpar launch -n 2 --timeout 300 -- python3 -P -m pytest --with-mpi \
   -m mpi -q -rs -p no:cacheprovider tests/hpcpar/test_p2p_halo.py \
-  tests/hpcpar/test_collectives_large.py -k "gpu or cupy"
+  tests/hpcpar/test_collectives_large.py tests/apps/test_sgd_torch_gpu.py -k "gpu or cupy"
 step bench hpcpar bench datatypes --gpu --no-roof --n 128 --output "$OUT/dt-gpu"
 cat "$summary"
 exit $failed
