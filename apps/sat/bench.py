@@ -1,18 +1,22 @@
-"""``hpcpar bench sat``: flips/s and time to solution against probSAT's C solver.
+"""``hpcpar bench sat``: flips/s and time to solution against probSAT C and yalsat.
 
-The peer is the probSAT C program (Balint's SC13 code) built from its public source
-outside the repository and named with ``--peer-binary``; without it only hpcpar is
-measured. Per size n (uniform random 3-SAT at ``--ratio``, the first instance seed
-whose formula hpcpar's probSAT solves within ``--budget`` flips with a seed outside the
-measured ones, so both solvers get the same satisfiable instance):
+The peers are the probSAT C program (Balint's SC13 code), named with ``--peer-binary``,
+and Armin Biere's yalsat, named with ``--yalsat-binary``, each built from its public
+source outside the repository; without them only hpcpar is measured. Ratios are
+against probSAT C (``vs peer``) and yalsat (``vs yalsat``). Per size n (uniform random
+3-SAT at ``--ratio``, the first instance seed whose formula hpcpar's probSAT solves
+within ``--budget`` flips with a seed outside the measured ones, so every solver gets
+the same satisfiable instance):
 
 - flips/s: ``--repeats`` runs of ``--flips`` flips each (seeds interleaved between
-  the two solvers) on an instance of that size at ratio + 0.25 (almost surely
-  unsatisfiable: every run does all its flips); the peer's figure is its own
-  (flips / CPU time of the search), ours is flips / search seconds;
+  the solvers) on an instance of that size at ratio + 0.25 (almost surely
+  unsatisfiable: every run does all its flips); each peer's figure is its own
+  (probSAT: flips / CPU time of the search; yalsat: its reported flip rate), ours is
+  flips / search seconds;
 - time to solution: ``--seeds`` seeded runs each; the medians of the search time
-  (ours: the compiled search; the peer: its reported CPU time) and of the wall time of
-  a whole run (ours: from the parsed formula; the peer: the process, parsing included).
+  (ours: the compiled search; probSAT: its reported CPU time; yalsat: its flips over
+  its flip rate) and of the wall time of a whole run (ours: from the parsed formula;
+  the peers: the process, parsing included).
 
 With more than one rank, also the portfolio: ``--portfolio-runs`` races of all ranks
 on the smallest instance, the measured speedup (in flips of the winner, and in wall
@@ -51,6 +55,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=integer(1), default=20_000_000, help="flips to call SAT")
     parser.add_argument("--portfolio-runs", type=integer(1), default=40)
     parser.add_argument("--peer-binary", metavar="PATH", help="probSAT built from its source")
+    parser.add_argument("--yalsat-binary", metavar="PATH", help="yalsat built from its source")
 
 
 def _instance(n: int, ratio: float, budget: int) -> tuple[Any, int]:
@@ -74,6 +79,21 @@ def _peer(binary: str, path: Path, seed: int, flips: int = 0) -> dict[str, float
     flips_done = float(re.search(r"numFlips\s*:\s*(\d+)", out).group(1))
     cpu = float(re.search(r"CPU Time\s*:\s*([\d.]+)", out).group(1))
     return {"flips": flips_done, "seconds": cpu, "wall": wall,
+            "solved": "s SATISFIABLE" in out}  # fmt: skip
+
+
+def _yalsat(binary: str, path: Path, seed: int, flips: int = 0) -> dict[str, float]:
+    """One yalsat run; its search time from its flip count and reported flip rate."""
+    args = [binary, "-v", "-n", str(path), str(seed), *([str(flips)] if flips else [])]
+    t0 = time.perf_counter()
+    out = subprocess.run(args, capture_output=True, text=True, timeout=600,
+                         check=False).stdout  # fmt: skip
+    wall = time.perf_counter() - t0
+    found = re.search(r"c (\d+) flips, ([\d.]+) thousand flips per second", out)
+    if found is None:
+        raise RuntimeError(f"{binary} printed no flip statistics (is it yalsat?)")
+    done, rate = float(found.group(1)), float(found.group(2)) * 1e3
+    return {"flips": done, "seconds": done / rate if rate > 0 else 0.0, "wall": wall,
             "solved": "s SATISFIABLE" in out}  # fmt: skip
 
 
@@ -104,28 +124,32 @@ def _sequential(args: argparse.Namespace, sizes: list[int], folder: Path) -> lis
         path = folder / f"uf{n}-{inst}.cnf"
         write_dimacs(cnf, path)
         _ours(cnf, 0, 1000)  # compile outside the timing
-        rate: dict[str, list[float]] = {"hpcpar": [], "probsat-c": []}
-        tts: dict[str, list[dict]] = {"hpcpar": [], "probsat-c": []}
+        peers = {name: run for name, run, binary in (
+            ("probsat-c", lambda p, s, f=0: _peer(args.peer_binary, p, s, f), args.peer_binary),
+            ("yalsat", lambda p, s, f=0: _yalsat(args.yalsat_binary, p, s, f), args.yalsat_binary),
+        ) if binary}  # fmt: skip
+        rate: dict[str, list[float]] = {"hpcpar": [], **{name: [] for name in peers}}
+        tts: dict[str, list[dict]] = {"hpcpar": [], **{name: [] for name in peers}}
         hard, _ = _hard(n, args.ratio)
         hard_path = folder / f"hard{n}.cnf"
         write_dimacs(hard, hard_path)
         for r in range(args.repeats):
             res = _ours(hard, 100 + r, args.flips)
             rate["hpcpar"].append(res["flips"] / res["seconds"])
-            if args.peer_binary:
-                res = _peer(args.peer_binary, hard_path, 100 + r, args.flips)
-                rate["probsat-c"].append(res["flips"] / max(res["seconds"], 1e-9))
+            for name, run in peers.items():
+                res = run(hard_path, 100 + r, args.flips)
+                rate[name].append(res["flips"] / max(res["seconds"], 1e-9))
         for seed in range(1, args.seeds + 1):
             tts["hpcpar"].append(_ours(cnf, seed, 10**10))
-            if args.peer_binary:
-                tts["probsat-c"].append(_peer(args.peer_binary, path, seed))
-        for solver in ("hpcpar", "probsat-c"):
-            if not rate[solver]:
+            for name, run in peers.items():
+                tts[name].append(run(path, seed))
+        for solver, rates in rate.items():
+            if not rates:
                 continue
             runs = tts[solver]
             docs.append({
                 "variant": solver, "n": n, "clauses": cnf.n_clauses, "instance_seed": inst,
-                "flips_per_s": _stats(rate[solver]),
+                "flips_per_s": _stats(rates),
                 "time_to_solution_s": _stats([r["seconds"] for r in runs]),
                 "wall_to_solution_s": _stats([r["wall"] for r in runs]),
                 "flips_to_solution": _stats([r["flips"] for r in runs]),
@@ -181,7 +205,8 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     rank, size = comm.Get_rank(), comm.Get_size()
     say(f"# hpcpar bench sat: uniform 3-SAT at ratio {args.ratio}, sizes {sizes}, "
         f"{args.seeds} seeds, rate runs {args.repeats} x {args.flips} flips; "
-        f"peer {args.peer_binary or 'none (--peer-binary PATH)'}; {size} rank(s)")  # fmt: skip
+        f"peer {args.peer_binary or 'none (--peer-binary PATH)'}; yalsat "
+        f"{args.yalsat_binary or 'none (--yalsat-binary PATH)'}; {size} rank(s)")  # fmt: skip
     docs = None
     with tempfile.TemporaryDirectory(prefix="hpcpar-bench-sat-") as tmp:
         if rank == 0:
@@ -190,6 +215,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     docs = comm.bcast(docs, root=0)
     by = {(d["variant"], d["n"]): d for d in docs}
     say(f"# {'n':>5s} {'solver':10s} {'flips/s':>10s} {'spread%':>7s} {'vs peer':>7s} "
+        f"{'vs yalsat':>9s} "
         f"{'tts median s':>12s} {'min':>9s} {'max':>9s} {'wall med s':>10s} {'flips med':>10s} "
         f"{'solved':>7s}")  # fmt: skip
     rows = []
@@ -202,11 +228,20 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
             peer["time_to_solution_s"]["median"] / d["time_to_solution_s"]["median"]
             if peer and d["time_to_solution_s"]["median"] > 0 else None
         )  # fmt: skip
-        ratio = d["flips_per_s_vs_peer"]
+        yalsat = by.get(("yalsat", d["n"]))
+        d["flips_per_s_vs_yalsat"] = (
+            d["flips_per_s"]["median"] / yalsat["flips_per_s"]["median"] if yalsat else None
+        )
+        d["time_to_solution_vs_yalsat"] = (
+            yalsat["time_to_solution_s"]["median"] / d["time_to_solution_s"]["median"]
+            if yalsat and d["time_to_solution_s"]["median"] > 0 else None
+        )  # fmt: skip
+        ratio, ratio_y = d["flips_per_s_vs_peer"], d["flips_per_s_vs_yalsat"]
         t = d["time_to_solution_s"]
         vs = "-" if ratio is None else f"{ratio:.2f}"
+        vs_y = "-" if ratio_y is None else f"{ratio_y:.2f}"
         say(f"  {d['n']:5d} {d['variant']:10s} {d['flips_per_s']['median']:10.3e} "
-            f"{d['flips_per_s']['spread_pct']:7.1f} {vs:>7s} "
+            f"{d['flips_per_s']['spread_pct']:7.1f} {vs:>7s} {vs_y:>9s} "
             f"{t['median']:12.4f} {t['min']:9.4f} {t['max']:9.4f} "
             f"{d['wall_to_solution_s']['median']:10.4f} "
             f"{d['flips_to_solution']['median']:10.0f} {d['solved']:4d}/{d['runs']}")  # fmt: skip
@@ -236,7 +271,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
 register(
     Benchmark(
         "sat",
-        "SAT local search: flips/s and time to solution vs probSAT C; portfolio speedup",
+        "SAT local search: flips/s and time to solution vs probSAT C and yalsat; portfolio",
         _add_arguments,
         _run,
         peer="probsat-c",

@@ -272,6 +272,12 @@ echo "c flips/sec                     : 5000000"
 echo "c CPU Time                      : 0.0100"
 echo "s SATISFIABLE"
 """
+FAKE_YALSAT = """#!/bin/sh
+# prints what yalsat -v prints of its search (its statistics lines), for the parser
+echo "s SATISFIABLE"
+echo "c 4000 flips, 2000.00 thousand flips per second"
+echo "c total process time of 0.01 seconds"
+"""
 
 
 @pytest.mark.slow
@@ -281,12 +287,15 @@ def test_sat_benchmark_end_to_end(comm, tmp_path):
 
     prefix = comm.bcast(str(tmp_path / "sat"), root=0)
     fake = comm.bcast(str(tmp_path / "probSAT"), root=0)
+    fake_yalsat = comm.bcast(str(tmp_path / "yalsat"), root=0)
     if comm.Get_rank() == 0:
-        Path(fake).write_text(FAKE_PROBSAT)
-        os.chmod(fake, 0o755)
+        for path, text in ((fake, FAKE_PROBSAT), (fake_yalsat, FAKE_YALSAT)):
+            Path(path).write_text(text)
+            os.chmod(path, 0o755)
     comm.Barrier()
     args = ["bench", "sat", "--sizes", "50", "--seeds", "3", "--repeats", "2", "--flips", "20000"]
-    args += ["--portfolio-runs", "3", "--peer-binary", fake, "--output", prefix]
+    args += ["--portfolio-runs", "3", "--peer-binary", fake, "--yalsat-binary", fake_yalsat,
+             "--output", prefix]  # fmt: skip
     assert_all(main(args) == 0, "benchmark failed", comm)
     if comm.Get_rank() == 0:
         rows = json.loads(open(prefix + ".json").read())["results"]
@@ -297,6 +306,10 @@ def test_sat_benchmark_end_to_end(comm, tmp_path):
         assert ours["flips_per_s_vs_peer"] == pytest.approx(
             ours["flips_per_s"]["median"] / peer["flips_per_s"]["median"]
         )
+        yalsat = by["yalsat"]
+        assert yalsat["flips_per_s"]["median"] == pytest.approx(2e6)  # its reported rate
+        assert yalsat["time_to_solution_s"]["median"] == pytest.approx(4000 / 2e6)
+        assert ours["flips_per_s_vs_yalsat"] == pytest.approx(ours["flips_per_s"]["median"] / 2e6)
         if comm.Get_size() > 1:
             p = by["hpcpar-portfolio"]
             assert p["ranks"] == comm.Get_size() and p["runs"] == 3
