@@ -1,6 +1,6 @@
 """A job that hangs on purpose, for the watchdog tests: ``watchdog_job.py MODE [ARG]``.
 
-Every rank runs three allreduces, then MODE decides what goes wrong on which rank;
+Every rank runs three allreduces (#0-#2), then MODE decides what goes wrong on which rank;
 rank 0 prints ``hang from T`` (seconds since the epoch) when the others start waiting.
 """
 
@@ -55,12 +55,17 @@ def main() -> None:
             os._exit(0)
         hpcpar.allreduce(np.ones(3))
     elif mode == "mismatch":  # rank 0 reduces, the others broadcast: never matched
+        # at #4, between two of the mismatch guard's comparisons (after #3, at #7), so
+        # the ranks wait for each other; "guarded": at #3, where the guard compares
+        if sys.argv[2:] != ["guarded"]:
+            hpcpar.allreduce(np.ones(3))
         if rank == 0:
             hpcpar.allreduce(np.ones(3))
         else:
             hpcpar.bcast(np.ones(5), root=0)
-    elif mode == "counts":  # the same collective, a different count on rank 0
+    elif mode == "counts":  # the same collective, a different count on rank 0 (at #4)
         algorithm = sys.argv[2] if len(sys.argv) > 2 else "auto"
+        hpcpar.allreduce(np.ones(3))
         hpcpar.allreduce(np.ones(3 if rank == 0 else 5), algorithm=algorithm)
     elif mode == "compute":  # every rank busy longer than the limit: no waiting
         time.sleep(float(sys.argv[2]))

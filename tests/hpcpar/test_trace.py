@@ -136,7 +136,7 @@ def test_a_job_the_watchdog_ends_leaves_its_trace_with_the_divergence(tmp_path):
     shown = hpcpar("trace", str(folder))
     assert shown.returncode == 0, shown.stderr
     assert (
-        "first divergence: world #3: rank(s) 0 called allreduce (mpi, count 3, float64); "
+        "first divergence: world #4: rank(s) 0 called allreduce (mpi, count 3, float64); "
         "rank(s) 1,2 called bcast (mpi, count 5, float64, root 0)"
     ) in shown.stdout, shown.stdout
 

@@ -98,11 +98,24 @@ def test_a_rank_that_leaves_with_os_exit_ends_the_job_at_once_and_is_named():
     assert "left the job without finishing" in done.stderr and report == [], done.stderr
 
 
+@pytest.mark.reliability("bad_input")
+def test_the_mismatch_guard_stops_different_collectives_where_it_compares():
+    """At #3 the always-on guard compares the ranks' calls before any data moves: the
+    job fails at once with the calls named, long before the watchdog's limit."""
+    done, report, waited = run(3, "mismatch", "guarded", limit=30)
+    assert done.returncode != 0 and report == [], done.stderr
+    assert (
+        "ranks differ at #3 on world: rank(s) 0 called allreduce (mpi, count 3, float64, "
+        "op SUM); rank(s) 1,2 called bcast (mpi, count 5, float64, root 0)"
+    ) in done.stderr, done.stderr
+    assert waited is not None and waited < 20
+
+
 @pytest.mark.reliability("hang")
 def test_ranks_in_different_collectives_at_one_sequence_number_are_a_mismatch():
     done, report, _ = run(3, "mismatch")
     assert done.returncode == 4, done.stderr
-    mismatch = _ranks(report, r"^mismatch at world #3: ")
+    mismatch = _ranks(report, r"^mismatch at world #4: ")
     assert "rank(s) 0 called allreduce (mpi, count 3, float64)" in mismatch, report
     assert "rank(s) 1,2 called bcast (mpi, count 5, float64, root/peer 0)" in mismatch, report
 
