@@ -220,22 +220,15 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         f"{'solved':>7s}")  # fmt: skip
     rows = []
     for d in docs:
-        peer = by.get(("probsat-c", d["n"]))
-        d["flips_per_s_vs_peer"] = (
-            d["flips_per_s"]["median"] / peer["flips_per_s"]["median"] if peer else None
-        )
-        d["time_to_solution_vs_peer"] = (
-            peer["time_to_solution_s"]["median"] / d["time_to_solution_s"]["median"]
-            if peer and d["time_to_solution_s"]["median"] > 0 else None
-        )  # fmt: skip
-        yalsat = by.get(("yalsat", d["n"]))
-        d["flips_per_s_vs_yalsat"] = (
-            d["flips_per_s"]["median"] / yalsat["flips_per_s"]["median"] if yalsat else None
-        )
-        d["time_to_solution_vs_yalsat"] = (
-            yalsat["time_to_solution_s"]["median"] / d["time_to_solution_s"]["median"]
-            if yalsat and d["time_to_solution_s"]["median"] > 0 else None
-        )  # fmt: skip
+        for suffix, name in (("peer", "probsat-c"), ("yalsat", "yalsat")):
+            other = by.get((name, d["n"]))
+            d[f"flips_per_s_vs_{suffix}"] = (
+                d["flips_per_s"]["median"] / other["flips_per_s"]["median"] if other else None
+            )
+            d[f"time_to_solution_vs_{suffix}"] = (
+                other["time_to_solution_s"]["median"] / d["time_to_solution_s"]["median"]
+                if other and d["time_to_solution_s"]["median"] > 0 else None
+            )  # fmt: skip
         ratio, ratio_y = d["flips_per_s_vs_peer"], d["flips_per_s_vs_yalsat"]
         t = d["time_to_solution_s"]
         vs = "-" if ratio is None else f"{ratio:.2f}"

@@ -57,8 +57,7 @@ _MIB = 1 << 20
 class _Bucket:
     """Some parameters' gradients in one flat tensor, and which of them are in."""
 
-    def __init__(self, torch: Any, params: list[Any], index: int) -> None:
-        self.index = index
+    def __init__(self, torch: Any, params: list[Any]) -> None:
         self.params = params
         sizes = [p.numel() for p in params]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64).tolist()
@@ -70,14 +69,12 @@ class _Bucket:
         self.array = _as_array(self.flat)
         self.filled = [False] * len(params)
         self.missing = len(params)
-        self.sent = False
         self.done = threading.Event()
         self.error: BaseException | None = None
 
     def reset(self) -> None:
         self.filled = [False] * len(self.params)
         self.missing = len(self.params)
-        self.sent = False
         self.done.clear()
         self.error = None
 
@@ -319,10 +316,8 @@ class DataParallel:
 
     def _send_ready(self) -> None:
         while self._next < len(self.buckets) and self.buckets[self._next].missing == 0:
-            bucket = self.buckets[self._next]
-            bucket.sent = True
             if self._reducer is not None:
-                self._reducer.work.put(bucket)
+                self._reducer.work.put(self.buckets[self._next])
             self._next += 1
 
     def _finish(self) -> None:
@@ -386,12 +381,12 @@ def _make_buckets(torch: Any, params: list[Any], limit: int) -> list[_Bucket]:
     for p in reversed(params):
         same = not current or (p.dtype, p.device) == (current[0].dtype, current[0].device)
         if current and (not same or size >= limit):
-            buckets.append(_Bucket(torch, current, len(buckets)))
+            buckets.append(_Bucket(torch, current))
             current, size = [], 0
         current.append(p)
         size += p.numel() * p.element_size()
     if current:
-        buckets.append(_Bucket(torch, current, len(buckets)))
+        buckets.append(_Bucket(torch, current))
     return buckets
 
 

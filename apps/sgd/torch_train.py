@@ -72,6 +72,8 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
     Raises:
         SgdError: a bad model, data set or checkpoint.
     """
+    import torch
+
     from hpcpar.topology import Hierarchy
 
     from .data import load_dataset
@@ -105,10 +107,12 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
         f"buckets of {args.bucket_mib:g} MiB")  # fmt: skip
     if step:
         say(f"# resumed at step {step} (epoch {step // steps}, batch {step % steps})")
+    tensors = (torch.from_numpy(np.ascontiguousarray(data.x_train, dtype=np.float32)),
+               torch.from_numpy(data.y_train.astype(np.int64)))  # fmt: skip
     try:
         for e in range(step // steps, args.epochs):
             start = step % steps if e == step // steps else 0
-            rows.append(_epoch(comm, args, (model, opt, ck), data, e, start, rows))
+            rows.append(_epoch(comm, args, (model, opt, ck), data, tensors, e, start, rows))
             step = (e + 1) * steps
             say(f"  epoch {e + 1:4d}  loss {rows[-1]['loss']:.4f}  test accuracy "
                 f"{rows[-1]['test_accuracy']:.4f}  {rows[-1]['samples_per_s']:10.0f} samples/s",
@@ -127,7 +131,8 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
 
 
 def _epoch(comm: Any, args: argparse.Namespace, training: tuple[Any, Any, Any], data: Any,
-           e: int, start: int, rows: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+           tensors: tuple[Any, Any], e: int, start: int,
+           rows: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
     """Epoch ``e`` from batch ``start``, saving every ``--checkpoint-every`` steps."""
     import torch
 
@@ -138,8 +143,7 @@ def _epoch(comm: Any, args: argparse.Namespace, training: tuple[Any, Any, Any], 
     n = data.y_train.size
     steps = n // args.batch
     every = args.checkpoint_every if args.checkpoint_every is not None else steps
-    x = torch.from_numpy(np.ascontiguousarray(data.x_train, dtype=np.float32))
-    y = torch.from_numpy(data.y_train.astype(np.int64))
+    x, y = tensors  # the training rows as float32 and int64 tensors, made once
     f = torch.nn.functional
     order = epoch_order(args.seed, e, n)
     loss_sum, t0 = 0.0, time.perf_counter()
