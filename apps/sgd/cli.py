@@ -30,7 +30,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default="mlp",
-        help="numpy: softmax, mlp or mlp2; torch: mlp, mlp2 or cnn (default mlp)",
+        help="numpy: softmax, mlp, mlp2 or mlp4; torch: mlp, mlp2, mlp4 or cnn (default mlp)",
     )
     parser.add_argument(
         "--momentum", type=real(0, 1), default=0.0, help="torch: SGD momentum (default 0)"
@@ -70,7 +70,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=integer(1), default=64, help="global batch (default 64)")
     parser.add_argument("--lr", type=real(0, above=True), default=0.1)
     parser.add_argument(
-        "--bucket-mib", type=real(0, 1 << 20, above=True), default=25.0, help="gradient bucket (25)"
+        "--bucket-mib",
+        type=bucket_mib,
+        default="auto",
+        help="gradient bucket in MiB, or auto (default): with --framework torch chosen from "
+        "the cost model and the first backward pass, 25 for the numpy modes",
     )
     parser.add_argument("--reproducible", action="store_true", help="bitwise reductions")
     parser.add_argument("--seed", type=integer(0), default=0)
@@ -352,7 +356,7 @@ def _trainer(args: argparse.Namespace, model: Any, data: Any, h: Any) -> Any:
             h,
             batch=args.batch,
             lr=args.lr,
-            bucket_bytes=int(args.bucket_mib * 2**20),
+            bucket_bytes=bucket_bytes(args.bucket_mib),
             reproducible=args.reproducible,
             seed=args.seed,
             mode=args.mode,
@@ -403,3 +407,13 @@ register(
         _run,
     )
 )
+
+
+def bucket_mib(text: str) -> float | str:
+    """An argparse ``type``: ``auto`` or a bucket size in MiB."""
+    return "auto" if text.strip().lower() == "auto" else real(0, 1 << 20, above=True)(text)
+
+
+def bucket_bytes(value: float | str) -> int:
+    """Bytes per bucket for the numpy trainers (``auto``: 25 MiB, like DDP's default)."""
+    return int((25.0 if value == "auto" else float(value)) * 2**20)

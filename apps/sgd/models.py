@@ -128,13 +128,16 @@ def output_delta(probs: np.ndarray, y: np.ndarray, scale: float) -> tuple[float,
     return loss, probs
 
 
-MODELS = ("softmax", "mlp", "mlp2")
+MODELS = ("softmax", "mlp", "mlp2", "mlp4")
 
 
 def make_model(
     name: str, n_features: int, n_classes: int, hidden: int = 64, seed: int = 0
 ) -> Model:
-    """``softmax`` (no hidden layer), ``mlp`` (one) or ``mlp2`` (two hidden layers).
+    """A model by name: ``softmax``, ``mlp``, ``mlp2`` or ``mlp4``.
+
+    ``softmax`` has no hidden layer; ``mlp`` one, ``mlp2`` two and ``mlp4`` four hidden
+    layers of ``hidden`` units.
 
     Raises:
         SgdError: an unknown model name.
@@ -143,6 +146,6 @@ def make_model(
         return Model([n_features, n_classes], seed)
     if name == "mlp":
         return Model([n_features, hidden, n_classes], seed)
-    if name == "mlp2":
-        return Model([n_features, hidden, hidden, n_classes], seed)
+    if name in ("mlp2", "mlp4"):
+        return Model([n_features, *[hidden] * int(name[-1]), n_classes], seed)
     raise SgdError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")

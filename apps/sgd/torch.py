@@ -13,23 +13,25 @@ its own part of every global batch::
         loss.backward()                              # gradients averaged over ranks
         opt.step()
 
-Gradients are grouped into buckets of about ``bucket_mib`` MiB, in the reverse order of
+Gradients are grouped into buckets of about ``bucket_mib`` MiB (or a size chosen from the
+cost model and the first backward pass: see ``plan_buckets``), in the reverse order of
 the parameters' registration (the order in which the backward pass produces them). A
 parameter's gradient is copied into its bucket as soon as autograd has accumulated it;
 a full bucket is handed to a communication thread that reduces it with
-``hpcpar.allreduce`` (any algorithm, ``auto`` by default, over real or virtual nodes)
-while the backward pass goes on computing the next ones (where the host has a core to spare for
-the thread: see ``overlap``). Buckets are reduced in the same
-order on every rank; at the end of the backward pass the rest are sent, and the averaged
-gradients are written back before ``backward()`` returns.
+``hpcpar.iallreduce`` (any algorithm, ``auto`` by default, over real or virtual nodes)
+while the backward pass goes on computing the next ones (where the host has a core to
+spare for the thread: see ``overlap``). Buckets are reduced in the same order on every
+rank; at the end of the backward pass the rest are sent, and the averaged gradients are
+written back before ``backward()`` returns.
 
 Why a thread: an MPI library progresses a nonblocking collective only inside MPI calls,
 and the backward pass makes none, so ``iallreduce`` started from a hook would mostly
-run when the pass ends. A thread blocked in the library's call (mpi4py releases the
-GIL there) or running hpcpar's schedule moves the data while autograd computes. The
-thread uses its own duplicate of the communicator, so the program's own collectives on
-``comm`` never interleave with it. ``overlap=False`` reduces every bucket after the
-backward pass instead; ``hpcpar bench sgd`` measures both against PyTorch's
+run when the pass ends. The thread makes those calls while autograd computes, sleeping
+a few microseconds between them (mpi4py and ``time.sleep`` release the GIL), so the
+data moves while the core stays with the backward pass. The thread uses its own
+duplicate of the communicator, so the program's own collectives on ``comm`` never
+interleave with it. ``overlap=False`` reduces every bucket after the backward pass
+instead; ``hpcpar bench sgd`` measures both against PyTorch's
 ``DistributedDataParallel``.
 
 CPU tensors reach hpcpar without copies (their numpy views); CUDA tensors go the same
@@ -42,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,7 +52,7 @@ import numpy as np
 
 from .models import SgdError
 
-__all__ = ["DataParallel", "LocalSGD", "ZeroOptimizer"]
+__all__ = ["DataParallel", "LocalSGD", "ZeroOptimizer", "plan_buckets"]
 
 _MIB = 1 << 20
 
@@ -115,11 +118,21 @@ class _Reducer(threading.Thread):
 
     def run(self) -> None:
         while (bucket := self.work.get()) is not None:
-            reduce_bucket(bucket, self.comm, self.algorithm)
+            reduce_bucket(bucket, self.comm, self.algorithm, sleep=True)
 
 
-def reduce_bucket(bucket: _Bucket, comm: Any, algorithm: str) -> None:
-    """Sum ``bucket`` over the ranks in place; an error is kept for the waiting rank."""
+# the communication thread's pauses between progress calls: short at first, then up to
+# the longest (where a 10 Gbit/s link moves about 60 KiB, less than a socket buffer)
+_FIRST_PAUSE_S, _LONGEST_PAUSE_S = 5e-6, 5e-5
+
+
+def reduce_bucket(bucket: _Bucket, comm: Any, algorithm: str, *, sleep: bool = False) -> None:
+    """Sum ``bucket`` over the ranks in place; an error is kept for the waiting rank.
+
+    ``sleep``: start the reduction nonblocking and drive it with progress calls between
+    short sleeps, so that the thread leaves the core to the backward pass while the
+    data is on the wire (a blocking call would spin in the library's progress loop).
+    """
     import hpcpar
 
     try:
@@ -127,7 +140,15 @@ def reduce_bucket(bucket: _Bucket, comm: Any, algorithm: str) -> None:
             import torch
 
             torch.cuda.current_stream(bucket.flat.device).synchronize()
-        hpcpar.allreduce(bucket.array, out=bucket.array, comm=comm, algorithm=algorithm)
+        if sleep:
+            request = hpcpar.iallreduce(bucket.array, out=bucket.array, comm=comm,
+                                        algorithm=algorithm)  # fmt: skip
+            pause = _FIRST_PAUSE_S
+            while not request.test():
+                time.sleep(pause)
+                pause = min(2 * pause, _LONGEST_PAUSE_S)
+        else:
+            hpcpar.allreduce(bucket.array, out=bucket.array, comm=comm, algorithm=algorithm)
     except BaseException as exc:  # handed to the thread that waits
         bucket.error = exc
     finally:
@@ -145,7 +166,11 @@ class DataParallel:
             buffers are broadcast from rank 0, so every rank starts from rank 0's.
         comm: ``None`` (hpcpar's communicator), a communicator, or a ``Hierarchy``
             (virtual nodes for the hierarchical algorithms).
-        bucket_mib: Bucket size in MiB (gradients of one dtype and device per bucket).
+        bucket_mib: Bucket size in MiB (gradients of one dtype and device per bucket),
+            or ``"auto"`` (default): the first backward pass runs with 25 MiB buckets
+            and records when each gradient is ready; the size that the cost model
+            predicts ends the pass's communication soonest is used from then on
+            (``bucket_plan`` says which and why; see ``plan_buckets``).
         algorithm: The allreduce algorithm (``auto``: the cost model's choice).
         overlap: ``True``: reduce buckets on a communication thread while the backward
             pass runs; ``False``: reduce them all after it, on the calling thread;
@@ -163,7 +188,7 @@ class DataParallel:
         module: Any,
         *,
         comm: Any = None,
-        bucket_mib: float = 25.0,
+        bucket_mib: float | str = "auto",
         algorithm: str = "auto",
         overlap: bool | None = None,
     ) -> None:
@@ -173,8 +198,15 @@ class DataParallel:
         from hpcpar.runtime.comm import resolve_comm
         from hpcpar.topology import Hierarchy
 
-        if not (isinstance(bucket_mib, (int, float)) and 0 < bucket_mib < 1 << 20):
-            raise SgdError(f"bucket_mib must be a positive number of MiB, not {bucket_mib!r}")
+        auto = bucket_mib == "auto"
+        if not auto and not (
+            isinstance(bucket_mib, (int, float))
+            and not isinstance(bucket_mib, bool)
+            and 0 < bucket_mib < 1 << 20
+        ):
+            raise SgdError(
+                f"bucket_mib must be a positive number of MiB or 'auto', not {bucket_mib!r}"
+            )
         self.module, self.algorithm = module, algorithm
         self._torch = torch
         base = resolve_comm(comm)
@@ -190,8 +222,20 @@ class DataParallel:
         if not trained:
             self.free()
             raise SgdError("DataParallel: the module has no parameter that requires grad")
-        self.buckets = _make_buckets(torch, trained, int(bucket_mib * _MIB))
-        self._where = {id(p): (b, slot) for b in self.buckets for slot, p in enumerate(b.params)}
+        self._trained = trained
+        self.bucket_bytes = int((25.0 if auto else bucket_mib) * _MIB)
+        self._set_buckets(self.bucket_bytes)
+        self.bucket_plan = (
+            "auto: chosen after the first backward pass"
+            if auto
+            else (
+                f"{len(self.buckets)} bucket(s) of at most about {bucket_mib:g} MiB, as requested"
+            )
+        )
+        # the first pass's timeline, for bucket_mib="auto": when each gradient was ready
+        self._timeline: list[float] | None = [0.0] * len(trained) if auto else None
+        self._produced = {id(p): i for i, p in enumerate(reversed(trained))}
+        self.comm_seconds = 0.0  # waited for the gradients' communication after the passes
         self._sync = True
         self._in_pass = False
         self._next = 0  # the next bucket to send: every rank sends them in index order
@@ -204,6 +248,10 @@ class DataParallel:
             self._reducer = _Reducer(self._hierarchy, algorithm)
             self._reducer.start()
         self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in trained]
+
+    def _set_buckets(self, limit: int) -> None:
+        self.buckets = _make_buckets(self._torch, self._trained, limit)
+        self._where = {id(p): (b, slot) for b in self.buckets for slot, p in enumerate(b.params)}
 
     # ---- the module's face ------------------------------------------------------------
 
@@ -308,9 +356,12 @@ class DataParallel:
         if not self._in_pass:
             self._in_pass = True
             self._torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            self._began = time.perf_counter()
         bucket, slot = self._where[id(param)]
         if bucket.filled[slot]:  # a second backward through the same graph: sum them
             return
+        if self._timeline is not None:
+            self._timeline[self._produced[id(param)]] = time.perf_counter() - self._began
         bucket.put(slot, param.grad)
         self._send_ready()
 
@@ -323,6 +374,7 @@ class DataParallel:
     def _finish(self) -> None:
         """The end of the backward pass: send the rest, wait, write the averages back."""
         try:
+            ended = time.perf_counter()
             for bucket in self.buckets:
                 if bucket.missing:
                     bucket.zero_missing()
@@ -331,10 +383,13 @@ class DataParallel:
                 if self._reducer is None:
                     reduce_bucket(bucket, self._hierarchy, self.algorithm)
                 bucket.done.wait()
+            self.comm_seconds += time.perf_counter() - ended
             errors = [b.error for b in self.buckets if b.error is not None]
             if errors:
                 raise errors[0]
             self._write_back()
+            if self._timeline is not None:
+                self._choose_buckets(ended - self._began)
         finally:
             self._in_pass = False
             self._next = 0
@@ -358,6 +413,55 @@ class DataParallel:
                     else:
                         p.grad.copy_(mean)
 
+    def _choose_buckets(self, end: float) -> None:
+        """Replay the recorded pass through the cost model; use the best bucket size."""
+        from mpi4py import MPI
+
+        from hpcpar.collectives.cost.explain import plan_for
+        from hpcpar.collectives.cost.tally import Layout
+
+        assert self._timeline is not None
+        # each gradient at the latest share of the pass at which a rank had it, times
+        # the slowest rank's pass (identical on every rank, so is the choice); a
+        # parameter this pass did not use counts as ready at the end
+        end = max(end, 1e-9)
+        when = np.array([min(t, end) / end if t > 0 else 1.0 for t in self._timeline] + [end])
+        self._own.Allreduce(MPI.IN_PLACE, when, op=MPI.MAX)
+        when[:-1] *= when[-1]
+        self._timeline = None
+        order = list(reversed(self._trained))
+        nbytes = [p.numel() * p.element_size() for p in order]
+        itemsize = order[0].element_size()
+        layout = Layout(tuple(self._hierarchy.node_of))
+        cached: dict[int, float] = {}
+
+        def cost(n: int) -> float:
+            if n not in cached:
+                plan = plan_for("allreduce", n, layout, itemsize=itemsize)
+                name = plan.algorithm if self.algorithm == "auto" else self.algorithm
+                cached[n] = next(
+                    (q.seconds for q in plan.ranking if q.algorithm == name), plan.predicted_s
+                )
+            return cached[n]
+
+        kinds = [(p.dtype, p.device) for p in order]
+        limit, exposed, every = plan_buckets(nbytes, when[:-1].tolist(), float(when[-1]), cost,
+                                             overlap=self._reducer is not None,
+                                             kinds=kinds)  # fmt: skip
+        self.bucket_bytes = limit
+        self._set_buckets(limit)
+        one = every[_CANDIDATES[-1]]
+        shape = (
+            f"{len(self.buckets)} buckets of about {limit / _MIB:g} MiB"
+            if len(self.buckets) > 1
+            else "one bucket"
+        )
+        where = "buckets reduced during the pass" if self._reducer else "all after the pass"
+        self.bucket_plan = (
+            f"auto: {shape}; predicted communication after a {1e3 * float(when[-1]):.1f} ms "
+            f"backward pass {1e3 * exposed:.2f} ms (one bucket: {1e3 * one:.2f} ms; {where})"
+        )
+
 
 def _spare_core(comm: Any) -> bool:
     """Whether this host has more usable cores than ranks of ``comm`` (collective)."""
@@ -373,21 +477,67 @@ def _spare_core(comm: Any) -> bool:
     return bool(comm.allreduce(int(usable_cores() > ranks), op=MPI.MIN))
 
 
+def _group(kinds: list[Any], nbytes: list[int], limit: int) -> list[list[int]]:
+    """Indices (in the order given) cut into buckets: one kind each, about ``limit`` bytes."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i, (kind, n) in enumerate(zip(kinds, nbytes, strict=True)):
+        if current and (kind != kinds[current[0]] or size >= limit):
+            groups.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += n
+    if current:
+        groups.append(current)
+    return groups
+
+
 def _make_buckets(torch: Any, params: list[Any], limit: int) -> list[_Bucket]:
     """Reverse registration order, one dtype and device per bucket, about ``limit`` bytes."""
-    buckets: list[_Bucket] = []
-    current: list[Any] = []
-    size = 0
-    for p in reversed(params):
-        same = not current or (p.dtype, p.device) == (current[0].dtype, current[0].device)
-        if current and (not same or size >= limit):
-            buckets.append(_Bucket(torch, current))
-            current, size = [], 0
-        current.append(p)
-        size += p.numel() * p.element_size()
-    if current:
-        buckets.append(_Bucket(torch, current))
-    return buckets
+    order = list(reversed(params))
+    kinds = [(p.dtype, p.device) for p in order]
+    groups = _group(kinds, [p.numel() * p.element_size() for p in order], limit)
+    return [_Bucket(torch, [order[i] for i in g]) for g in groups]
+
+
+# bucket limits ``bucket_mib="auto"`` considers: 64 KiB to 256 MiB
+_CANDIDATES = tuple(1 << k for k in range(16, 29))
+
+
+def plan_buckets(
+    nbytes: list[int],
+    ready: list[float],
+    end: float,
+    cost: Any,
+    *,
+    overlap: bool,
+    kinds: list[Any] | None = None,
+) -> tuple[int, float, dict[int, float]]:
+    """The bucket limit that ends the backward pass's communication soonest.
+
+    A replay of one backward pass: parameter ``i`` (in the order the pass produces them,
+    ``nbytes[i]`` bytes of gradient) is ready ``ready[i]`` seconds into the pass, which
+    ends at ``end``; a bucket goes out when its last gradient is ready (at ``end``
+    without ``overlap``) and the buckets are reduced one after another, each taking
+    ``cost(bytes)`` seconds. Small buckets start early but each pays a call's latency;
+    large ones pay it once but start late.
+
+    Returns:
+        The limit in bytes, its communication time exposed after the pass, and the
+        exposed time of every candidate limit (ties go to the larger bucket).
+    """
+    kinds = kinds or [0] * len(nbytes)
+    exposed: dict[int, float] = {}
+    for limit in _CANDIDATES:
+        clock = 0.0
+        for group in _group(kinds, nbytes, limit):
+            start = max(ready[i] for i in group) if overlap else end
+            clock = max(clock, start) + cost(sum(nbytes[i] for i in group))
+        exposed[limit] = max(0.0, clock - end)
+    best = min(exposed.values())
+    chosen = max(limit for limit, t in exposed.items() if t <= best * 1.01 + 1e-9)
+    return chosen, exposed[chosen], exposed
 
 
 def _describe(entry: tuple[str, tuple[int, ...], str] | None) -> str:

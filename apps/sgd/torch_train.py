@@ -22,14 +22,14 @@ from .models import SgdError
 
 __all__ = ["TORCH_MODELS", "build_torch_model", "run_torch"]
 
-TORCH_MODELS = ("mlp", "mlp2", "cnn")
+TORCH_MODELS = ("mlp", "mlp2", "mlp4", "cnn")
 
 
 def build_torch_model(name: str, n_features: int, n_classes: int, hidden: int, seed: int) -> Any:
     """A torch network by name.
 
-    ``mlp``: one hidden tanh layer; ``mlp2``: two; ``cnn``: two 3x3 convolutions on
-    square single-channel images (digits' 8x8).
+    ``mlp``: one hidden tanh layer; ``mlp2``: two; ``mlp4``: four; ``cnn``: two 3x3
+    convolutions on square single-channel images (digits' 8x8).
 
     Raises:
         SgdError: an unknown model, or ``cnn`` on rows that are not square images.
@@ -40,9 +40,11 @@ def build_torch_model(name: str, n_features: int, n_classes: int, hidden: int, s
     torch.manual_seed(seed)
     if name == "mlp":
         return nn.Sequential(nn.Linear(n_features, hidden), nn.Tanh(), nn.Linear(hidden, n_classes))
-    if name == "mlp2":
-        return nn.Sequential(nn.Linear(n_features, hidden), nn.Tanh(), nn.Linear(hidden, hidden),
-                             nn.Tanh(), nn.Linear(hidden, n_classes))  # fmt: skip
+    if name in ("mlp2", "mlp4"):
+        layers = [nn.Linear(n_features, hidden), nn.Tanh()]
+        for _ in range(int(name[-1]) - 1):
+            layers += [nn.Linear(hidden, hidden), nn.Tanh()]
+        return nn.Sequential(*layers, nn.Linear(hidden, n_classes))
     if name == "cnn":
         side = math.isqrt(n_features)
         if side * side != n_features:
@@ -104,11 +106,12 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
     ck, step, rows = _resume(args, h, net, opt)
     say(f"# hpcpar sgd: torch {args.model} ({n_params} parameters) on {args.dataset} "
         f"({n} training rows), {size} rank(s), global batch {args.batch}, lr {args.lr}, "
-        f"buckets of {args.bucket_mib:g} MiB")  # fmt: skip
+        f"buckets {_mib(args.bucket_mib)}")  # fmt: skip
     if step:
         say(f"# resumed at step {step} (epoch {step // steps}, batch {step % steps})")
     tensors = (torch.from_numpy(np.ascontiguousarray(data.x_train, dtype=np.float32)),
                torch.from_numpy(data.y_train.astype(np.int64)))  # fmt: skip
+    told = False
     try:
         for e in range(step // steps, args.epochs):
             start = step % steps if e == step // steps else 0
@@ -117,6 +120,9 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
             say(f"  epoch {e + 1:4d}  loss {rows[-1]['loss']:.4f}  test accuracy "
                 f"{rows[-1]['test_accuracy']:.4f}  {rows[-1]['samples_per_s']:10.0f} samples/s",
                 flush=True)  # fmt: skip
+            if not told and args.bucket_mib == "auto" and args.mode == "sync" and not args.zero:
+                say(f"# buckets {model.bucket_plan}")
+                told = True
         if getattr(opt, "taken", 0):  # local steps since the ranks last met: meet now
             opt.synchronize()
     finally:
@@ -353,3 +359,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(_plain(v) for v in value)
     return value
+
+
+def _mib(value: float | str) -> str:
+    return "auto" if value == "auto" else f"of {value:g} MiB"

@@ -11,7 +11,7 @@ from hpcpar.apps.sgd import SgdError, SyncTrainer, load_dataset, make_model
 pytest.importorskip("sklearn", reason="the bundled datasets come with scikit-learn")
 
 
-@pytest.mark.parametrize("name", ["softmax", "mlp", "mlp2"])
+@pytest.mark.parametrize("name", ["softmax", "mlp", "mlp2", "mlp4"])
 @pytest.mark.parametrize("sparse", [False, True])
 def test_gradient_matches_finite_differences(name, sparse):
     rng = np.random.default_rng(3)
@@ -274,6 +274,8 @@ def test_a_local_sgd_run_resumes_bit_for_bit_from_a_meeting_of_the_ranks(tmp_pat
         (["--mode", "async"], "mode sync or local"),
         (["--mode", "local", "--zero"], "--zero shards the optimizer state of mode sync"),
         (["--mode", "local", "--checkpoint", "ck", "--checkpoint-every", "3"], "multiple of"),
+        (["--bucket-mib", "big"], "--bucket-mib: expected a number above 0"),
+        (["--bucket-mib", "0"], "--bucket-mib: expected a number above 0"),
     ],
 )
 def test_bad_torch_runs_are_one_line_errors(extra, message):

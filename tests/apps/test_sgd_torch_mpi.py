@@ -56,7 +56,9 @@ def my_rows(comm):
 
 
 @pytest.mark.parametrize("layout", layouts_for(hpcpar.default_comm().Get_size())[:3])
-@pytest.mark.parametrize(("bucket_mib", "overlap"), [(25.0, True), (1e-6, True), (1e-6, False)])
+@pytest.mark.parametrize(
+    ("bucket_mib", "overlap"), [(25.0, True), (1e-6, True), (1e-6, False), ("auto", True)]
+)
 def test_the_same_model_as_one_process_on_the_whole_batch(comm, layout, bucket_mib, overlap):
     expect = reference()
     net = make_net(seed=comm.Get_rank())
@@ -65,7 +67,10 @@ def test_the_same_model_as_one_process_on_the_whole_batch(comm, layout, bucket_m
         DataParallel(net, comm=h, bucket_mib=bucket_mib, overlap=overlap) as model,
     ):
         got = train(model, my_rows(comm))
-        if bucket_mib < 1:
+        if bucket_mib == "auto":  # chosen after the first pass, the same on every rank
+            assert model.bucket_plan.startswith("auto: ")
+            assert_all(len(set(comm.allgather(model.bucket_bytes))) == 1, "choices differ", comm)
+        elif bucket_mib < 1:
             assert len(model.buckets) == 6  # one parameter per bucket
     worst = max(float(np.abs(a - b).max()) for a, b in zip(got, expect, strict=True))
     assert_all(worst < 1e-12, f"parameters differ from one process's by {worst}", comm)
@@ -137,8 +142,9 @@ def test_models_that_differ_between_ranks_are_named_on_every_rank(comm):
     net = torch.nn.Sequential(torch.nn.Linear(10, width), torch.nn.Linear(width, 3))
     with pytest.raises(SgdError, match=r"models differ: rank \d has 0.weight of shape"):
         DataParallel(net, comm=comm)
-    with pytest.raises(SgdError, match="bucket_mib"):
-        DataParallel(make_net(), comm=comm, bucket_mib=0)
+    for bad in (0, -1.0, True, "big", float("nan")):
+        with pytest.raises(SgdError, match="bucket_mib"):
+            DataParallel(make_net(), comm=comm, bucket_mib=bad)
 
 
 @pytest.mark.parametrize("hierarchical", [False, True])
