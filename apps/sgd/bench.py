@@ -41,7 +41,8 @@ __all__: list[str] = []
 MODES = ("sync", "local", "async", "hogwild")
 # the torch variants: the same network through torch DDP or hpcpar's DataParallel
 _TORCH = {"torch-ddp-gloo": "ddp", "torch-hpcpar": "hpcpar", "torch-hpcpar-thread": "thread",
-          "torch-hpcpar-after": "after"}  # fmt: skip
+          "torch-hpcpar-after": "after", "torch-hpcpar-zero": "zero",
+          "torch-hpcpar-zero-2l": "zero-2l"}  # fmt: skip
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +76,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         type=integer(0, 4096),
         default=0,
         help="BLAS/torch threads per rank (default: cores/ranks)",
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=("sgd", "momentum", "adam"),
+        default="sgd",
+        help="the torch variants' optimizer (default sgd; momentum 0.9; adam): the state "
+        "that ZeRO-1 shards",
     )
     parser.add_argument("--no-torch", action="store_true", help="skip the torch DDP peer")
     parser.add_argument("--seed", type=integer(0), default=0)
@@ -155,7 +163,9 @@ class _TorchRun:
 
     ``wrap``: ``ddp`` (torch's ``DistributedDataParallel``), ``hpcpar`` (hpcpar's
     ``DataParallel`` as it chooses), ``thread`` (its buckets reduced on a thread during
-    the backward pass) or ``after`` (after it).
+    the backward pass), ``after`` (after it), ``zero`` (``ZeroOptimizer``: the optimizer
+    state sharded over the ranks) or ``zero-2l`` (the same with its two-level scatter
+    and gather).
     """
 
     def __init__(self, model: Any, data: Any, comm: Any, h: Any, args: argparse.Namespace,
@@ -180,15 +190,37 @@ class _TorchRun:
                 self.net, bucket_cap_mb=bucket_bytes(args.bucket_mib) / 2**20
             )
         else:
-            overlap = {"hpcpar": None, "thread": True, "after": False}[wrap]
+            overlap = {"hpcpar": None, "thread": True, "after": False}.get(wrap, False)
             self.ddp = DataParallel(self.net, comm=h, bucket_mib=args.bucket_mib,
                                     overlap=overlap)  # fmt: skip
-        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=args.lr)
+        lr = args.lr / 100 if args.optimizer == "adam" else args.lr
+        make = {
+            "sgd": lambda p: torch.optim.SGD(p, lr=lr),
+            "momentum": lambda p: torch.optim.SGD(p, lr=lr, momentum=0.9),
+            "adam": lambda p: torch.optim.Adam(p, lr=lr),
+        }[args.optimizer]
+        if wrap.startswith("zero"):
+            from .torch import ZeroOptimizer
+
+            self.opt = ZeroOptimizer(self.ddp, make, hierarchical=wrap == "zero-2l")
+        else:
+            self.opt = make(list(self.ddp.parameters()))
         self.torch, self.data, self.comm = torch, data, comm
         self.batch, self.seed = args.batch, args.seed
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         self.x = torch.from_numpy(np.ascontiguousarray(data.x_train))
         self.y = torch.from_numpy(data.y_train.astype(np.int64))
+
+
+def _state_bytes(opt: Any) -> int:
+    """Bytes of an optimizer's state tensors (a ``ZeroOptimizer``'s: its slice's)."""
+    inner = getattr(opt, "optimizer", opt)
+    return sum(
+        t.numel() * t.element_size()
+        for state in inner.state.values()
+        for t in state.values()
+        if hasattr(t, "numel") and t.dim() > 0
+    )
 
 
 def _torch_epoch(run: _TorchRun, e: int) -> tuple[float, float, int]:
@@ -274,6 +306,7 @@ def _train(variant: str, args: argparse.Namespace, comm: Any, h: Any, data: Any)
             epochs.append({"seconds": seconds, "samples": samples, "loss": loss,
                            "accuracy": _torch_accuracy(run),
                            "comm_seconds": comm.allreduce(waited, op=_max())})  # fmt: skip
+        extra["optimizer_state_bytes"] = comm.allreduce(_state_bytes(run.opt), op=_max())
         if hasattr(run.ddp, "free"):
             extra["steps_per_epoch"] = run.data.y_train.size // run.batch
             extra["threaded"] = run.ddp.overlap
@@ -362,6 +395,8 @@ def _summary(variant: str, runs: list[dict], args: argparse.Namespace, ranks: in
         "comm_share": waited / seconds if seconds > 0 else 0.0,
         "valid": bool(np.isfinite(last["loss"])),
     }
+    if "optimizer_state_bytes" in runs[-1]:
+        doc["optimizer_state_bytes"] = runs[-1]["optimizer_state_bytes"]
     if "buckets" in runs[-1]:  # hpcpar's DataParallel: its exposed wait per step
         steps = runs[-1]["steps_per_epoch"] * len(runs[-1]["epochs"]) * len(runs)
         doc["exposed_wait_s_per_step"] = waited / steps
@@ -473,11 +508,16 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:  # noqa: PLR0912, PL
         )
         rows.append(Row(d, size_key="ranks"))
     for d in docs:
-        if "buckets" in d:
+        if "buckets" in d and "zero" not in d["variant"]:
             say(
                 f"# {d['variant']}: {d['buckets']}; waited "
                 f"{1e3 * d['exposed_wait_s_per_step']:.2f} ms a step after the backward pass"
             )
+    state = {d["variant"]: d["optimizer_state_bytes"] for d in docs if "optimizer_state_bytes" in d}
+    if state.get("torch-hpcpar"):
+        say(f"# {args.optimizer} state per rank (the largest): "
+            + ", ".join(f"{v} {b / 2**20:.2f} MiB ({b / state['torch-hpcpar']:.2f})"
+                        for v, b in state.items()))  # fmt: skip
     if alone is not None and rank == 0:
         eff = next(d for d in docs if d["variant"] == "hpcpar-sync")["scaling_efficiency"]
         print(f"# sync scaling efficiency 1 -> {size} ranks: {eff:.2f}", flush=True)

@@ -568,7 +568,9 @@ class ZeroOptimizer:
         model: The ``DataParallel`` model (all parameters of one dtype and device).
         make_optimizer: Builds the inner optimizer from a list of parameters, e.g.
             ``lambda p: torch.optim.Adam(p, lr=1e-3)``.
-        hierarchical: Two-level scatter and gather.
+        hierarchical: Two-level scatter and gather (where the hierarchy has several
+            nodes and a node with several ranks; otherwise the flat ones, which are
+            then as good).
 
     Raises:
         SgdError: parameters of several dtypes or devices.
@@ -589,7 +591,10 @@ class ZeroOptimizer:
         self.counts = [total // size + (1 if r < total % size else 0) for r in range(size)]
         self.lo = sum(self.counts[:rank])
         self.hi = self.lo + self.counts[rank]
-        self.algorithm = "two_level" if hierarchical else model.algorithm
+        nodes = model._hierarchy.node_of
+        # two levels only where there are both: several nodes, and a node with several ranks
+        two = hierarchical and 1 < len(set(nodes)) < len(nodes)
+        self.algorithm = "two_level" if two else model.algorithm
         with torch.no_grad():
             flat = torch.cat([p.detach().reshape(-1) for p in self.params])
         self.shard = torch.nn.Parameter(flat[self.lo : self.hi].clone())
