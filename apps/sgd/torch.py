@@ -121,17 +121,19 @@ class _Reducer(threading.Thread):
             reduce_bucket(bucket, self.comm, self.algorithm, sleep=True)
 
 
-# the communication thread's pauses between progress calls: short at first, then up to
-# the longest (where a 10 Gbit/s link moves about 60 KiB, less than a socket buffer)
-_FIRST_PAUSE_S, _LONGEST_PAUSE_S = 5e-6, 5e-5
+# the communication thread spins on progress calls for _SPIN_S (a small bucket is done by
+# then), then sleeps between them, from _FIRST_PAUSE_S doubling up to _LONGEST_PAUSE_S
+# (where a 10 Gbit/s link moves about 60 KiB, less than a socket buffer)
+_SPIN_S, _FIRST_PAUSE_S, _LONGEST_PAUSE_S = 1e-4, 1e-5, 5e-5
 
 
 def reduce_bucket(bucket: _Bucket, comm: Any, algorithm: str, *, sleep: bool = False) -> None:
     """Sum ``bucket`` over the ranks in place; an error is kept for the waiting rank.
 
-    ``sleep``: start the reduction nonblocking and drive it with progress calls between
-    short sleeps, so that the thread leaves the core to the backward pass while the
-    data is on the wire (a blocking call would spin in the library's progress loop).
+    ``sleep``: start the reduction nonblocking and drive it with progress calls, after
+    the first 100 us with short sleeps between them, so that the thread leaves the core
+    to the backward pass while the data is on the wire (a blocking call would spin in
+    the library's progress loop).
     """
     import hpcpar
 
@@ -143,10 +145,11 @@ def reduce_bucket(bucket: _Bucket, comm: Any, algorithm: str, *, sleep: bool = F
         if sleep:
             request = hpcpar.iallreduce(bucket.array, out=bucket.array, comm=comm,
                                         algorithm=algorithm)  # fmt: skip
-            pause = _FIRST_PAUSE_S
+            pause, spin = _FIRST_PAUSE_S, time.perf_counter() + _SPIN_S
             while not request.test():
-                time.sleep(pause)
-                pause = min(2 * pause, _LONGEST_PAUSE_S)
+                if time.perf_counter() > spin:
+                    time.sleep(pause)
+                    pause = min(2 * pause, _LONGEST_PAUSE_S)
         else:
             hpcpar.allreduce(bucket.array, out=bucket.array, comm=comm, algorithm=algorithm)
     except BaseException as exc:  # handed to the thread that waits
