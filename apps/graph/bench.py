@@ -10,7 +10,12 @@ edges kept, built outside the timing; TEPS with the same edge counts); and, with
 built from its public source) at the same rank count, started by rank 0 with the MPI
 launcher that belongs to mpi4py's MPI while hpcpar's ranks sleep. The reference draws its
 own graph (its generator, same SCALE and edgefactor) and its own 64 keys and times its
-own kernels; its harmonic means are compared with ours.
+own kernels; its harmonic means are compared with ours. With ``--gap-binary DIR``, the
+GAP benchmark suite's ``bfs`` and ``sssp`` (built from its public source) run on rank 0
+with as many OpenMP threads as the job has ranks, on GAP's own Kronecker graph of the
+same SCALE and degree, ``--roots`` trials each; their times are turned into TEPS with
+Graph500's edge count (the mean over our keys of the input edges in the searched
+component), so the rates compare like for like.
 
 Figures: harmonic-mean TEPS (the specification's), median TEPS over keys and its quartile
 spread, the ratio to scipy and to the reference, and the load-imbalance table: per rank
@@ -21,6 +26,7 @@ the measured searches (max / mean over ranks).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -48,6 +54,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernels", default="bfs,sssp")
     parser.add_argument("--peer-binary", metavar="PATH",
                         help="graph500_reference_bfs_sssp built from its source")  # fmt: skip
+    parser.add_argument(
+        "--gap-binary", metavar="DIR", help="the GAP benchmark suite's folder (its bfs and sssp)"
+    )
     parser.add_argument("--peer-timeout", type=real(0, above=True), default=900.0, metavar="S")
 
 
@@ -117,6 +126,37 @@ def _reference(binary: str, ranks: int, scale: int, edgefactor: int, timeout: fl
     return docs
 
 
+def _gap(
+    folder: str,
+    threads: int,
+    scale: int,
+    edgefactor: int,
+    roots: int,
+    kernels: list[str],
+    edges: float,
+    timeout: float,
+) -> list[dict]:
+    """GAP's kernels on its own graph of this SCALE and degree, in Graph500's edges."""
+    from pathlib import Path
+
+    docs = []
+    for kernel in kernels:
+        binary = Path(folder) / kernel
+        cmd = [str(binary), "-g", str(scale), "-k", str(edgefactor), "-n", str(roots)]
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false")
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                              check=False)  # fmt: skip
+        times = [float(x) for x in re.findall(r"Trial Time:\s+(\S+)", done.stdout)]
+        if done.returncode != 0 or not times:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): "
+                               f"{(done.stderr or done.stdout)[-500:]}")  # fmt: skip
+        build = re.search(r"Build Time:\s+(\S+)", done.stdout)
+        docs.append({"variant": "gap", "kernel": kernel, "threads": threads,
+                     "teps": _teps(times, [int(edges)] * len(times)),
+                     "construction_s": float(build.group(1)) if build else None})  # fmt: skip
+    return docs
+
+
 def _imbalance(table: dict[str, list[int]]) -> dict[str, float]:
     out = {}
     for key in ("vertices", "entries"):
@@ -149,13 +189,16 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         raise UsageError(f"bench graph: bad --scales/--partitions/--kernels/--roots "
                          f"({', '.join(bad) or args.scales}); "
                          f"partitions: {', '.join(PARTITIONS)}")  # fmt: skip
+    for binary in [f"{args.gap_binary}/{k}" for k in kernels] if args.gap_binary else []:
+        if not __import__("os").access(binary, __import__("os").X_OK):
+            raise UsageError(f"bench graph: --gap-binary: no executable {binary}")
     say = rank0_printer(comm, "graph", args.peer_binary)
     rank, size = comm.Get_rank(), comm.Get_size()
     say(f"# hpcpar bench graph: SCALE {scales}, edgefactor {args.edgefactor}, {args.roots} keys, "
         f"kernels {kernels}, {size} rank(s); peers scipy {__import__('scipy').__version__}, "
         f"{args.peer_binary or 'no Graph500 reference (--peer-binary PATH)'}")  # fmt: skip
     say(f"# {'SCALE':>5s} {'variant':16s} {'kernel':6s} {'hmean TEPS':>11s} {'median':>10s} "
-        f"{'spread%':>7s} {'vs scipy':>8s} {'vs ref':>7s} {'edges max/mean':>14s} "
+        f"{'spread%':>7s} {'vs scipy':>8s} {'vs ref':>7s} {'vs GAP':>6s} {'edges max/mean':>14s} "
         f"{'volume max/mean':>15s} {'inter MB':>9s}")  # fmt: skip
     rows: list[Row] = []
     for scale in scales:
@@ -184,6 +227,9 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
             if args.peer_binary:
                 peers += _reference(args.peer_binary, size, scale, args.edgefactor,
                                     args.peer_timeout)  # fmt: skip
+            if args.gap_binary:
+                peers += _gap(args.gap_binary, size, scale, args.edgefactor, args.roots,
+                              kernels, float(np.mean(nedge)), args.peer_timeout)  # fmt: skip
         del whole
         idle_barrier(comm)
         docs += comm.bcast(peers, root=0)
@@ -197,14 +243,16 @@ def _report(say: Any, scale: int, size: int, docs: list[dict]) -> list[Row]:
     for d in docs:
         kernel, hm = d["kernel"], d["teps"]["harmonic_mean"]
         sci, ref = by.get(("scipy", kernel)), by.get(("graph500-ref", kernel))
+        gap = by.get(("gap", kernel))
         d["vs_scipy"] = hm / sci["teps"]["harmonic_mean"] if sci else None
         d["vs_reference"] = hm / ref["teps"]["harmonic_mean"] if ref else None
+        d["vs_gap"] = hm / gap["teps"]["harmonic_mean"] if gap else None
         d.update(scale=scale, ranks=size)
         fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
         say(
             f"  {scale:5d} {d['variant']:16s} {kernel:6s} {hm:11.3e} {d['teps']['median']:10.3e} "
             f"{d['teps']['spread_pct']:7.1f} {fmt(d['vs_scipy'], '8.2f'):>8s} "
-            f"{fmt(d['vs_reference'], '7.2f'):>7s} "
+            f"{fmt(d['vs_reference'], '7.2f'):>7s} {fmt(d['vs_gap'], '6.2f'):>6s} "
             f"{fmt(d.get('entries_max_over_mean'), '14.3f'):>14s} "
             f"{fmt(d.get('volume_max_over_mean'), '15.3f'):>15s} "
             f"{fmt(d.get('bytes_inter', 0) / 1e6 if 'bytes_inter' in d else None, '9.1f'):>9s}"

@@ -4,13 +4,16 @@ The peers are the probSAT C program (Balint's SC13 code), named with ``--peer-bi
 and Armin Biere's yalsat, named with ``--yalsat-binary``, each built from its public
 source outside the repository; without them only hpcpar is measured. Ratios are
 against probSAT C (``vs peer``) and yalsat (``vs yalsat``). Per size n (uniform random
-3-SAT at ``--ratio``, the first instance seed whose formula hpcpar's probSAT solves
-within ``--budget`` flips with a seed outside the measured ones, so every solver gets
-the same satisfiable instance):
+``--k``-SAT at ``--ratio``, or with ``--planted`` formulas satisfied by a hidden
+assignment; the first instance seed whose formula hpcpar's probSAT solves within
+``--budget`` flips with a seed outside the measured ones, so every solver gets the same
+satisfiable instance):
 
 - flips/s: ``--repeats`` runs of ``--flips`` flips each (seeds interleaved between
-  the solvers) on an instance of that size at ratio + 0.25 (almost surely
-  unsatisfiable: every run does all its flips); each peer's figure is its own
+  the solvers) on a uniform instance of that size above the satisfiability threshold
+  (ratio + 0.25, at least 5% over the threshold: almost surely unsatisfiable, so every
+  run does all its flips); ``--rate-sizes`` are measured for this alone; each peer's
+  figure is its own
   (probSAT: flips / CPU time of the search; yalsat: its reported flip rate), ours is
   flips / search seconds;
 - time to solution: ``--seeds`` seeded runs each; the medians of the search time
@@ -48,7 +51,15 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(repeats=5)
     parser.add_argument("--sizes", default="200,400,600,1000", help="variables per instance")
     parser.add_argument(
-        "--ratio", type=real(0, 1e6, above=True), default=4.26, help="clauses / variables"
+        "--rate-sizes", default="", help="variables per instance measured for flips/s only"
+    )
+    parser.add_argument("--k", type=integer(3, 7), default=3, help="literals per clause (3)")
+    parser.add_argument("--planted", action="store_true", help="planted (satisfiable) formulas")
+    parser.add_argument(
+        "--ratio",
+        type=real(0, 1e6, above=True),
+        default=None,
+        help="clauses / variables (default by k: 4.26, 9.5, 20, 41, 85 for k = 3..7)",
     )
     parser.add_argument("--seeds", type=integer(1), default=20, help="runs per size (default 20)")
     parser.add_argument("--flips", type=integer(1), default=5_000_000, help="flips per rate run")
@@ -58,12 +69,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--yalsat-binary", metavar="PATH", help="yalsat built from its source")
 
 
-def _instance(n: int, ratio: float, budget: int) -> tuple[Any, int]:
+# the uniform random k-SAT satisfiability thresholds (Mertens, Mezard and Zecchina), and
+# the default ratios just below them
+THRESHOLD = {3: 4.267, 4: 9.931, 5: 21.117, 6: 43.37, 7: 87.79}
+RATIO = {3: 4.26, 4: 9.5, 5: 20.0, 6: 41.0, 7: 85.0}
+
+
+def _instance(args: argparse.Namespace, n: int) -> tuple[Any, int]:
     from . import LocalSearch, random_ksat
 
     for seed in range(50):
-        cnf, _ = random_ksat(n, round(ratio * n), 3, seed=seed)
-        if LocalSearch(cnf, "probsat", seed=10**6).run(budget):
+        cnf, _ = random_ksat(n, round(args.ratio * n), args.k, seed=seed, planted=args.planted)
+        if LocalSearch(cnf, "probsat", seed=10**6).run(args.budget):
             return cnf, seed
     raise RuntimeError(f"no satisfiable instance found for n={n} within the budget")
 
@@ -114,23 +131,26 @@ def _stats(values: list[float]) -> dict[str, float]:
             "spread_pct": quartile_spread(values)}  # fmt: skip
 
 
-def _sequential(args: argparse.Namespace, sizes: list[int], folder: Path) -> list[dict]:
+def _sequential(
+    args: argparse.Namespace, sizes: list[int], rate_sizes: list[int], folder: Path
+) -> list[dict]:
     """Rank 0: flips/s and time to solution of both solvers per size."""
     from . import write_dimacs
 
     docs = []
-    for n in sizes:
-        cnf, inst = _instance(n, args.ratio, args.budget)
+    for n in sorted({*sizes, *rate_sizes}):
+        timed = n in sizes
+        hard, _ = _hard(n, args.ratio, args.k)
+        cnf, inst = _instance(args, n) if timed else (hard, 777)
         path = folder / f"uf{n}-{inst}.cnf"
         write_dimacs(cnf, path)
-        _ours(cnf, 0, 1000)  # compile outside the timing
+        _ours(hard, 0, 1000)  # compile outside the timing
         peers = {name: run for name, run, binary in (
             ("probsat-c", lambda p, s, f=0: _peer(args.peer_binary, p, s, f), args.peer_binary),
             ("yalsat", lambda p, s, f=0: _yalsat(args.yalsat_binary, p, s, f), args.yalsat_binary),
         ) if binary}  # fmt: skip
         rate: dict[str, list[float]] = {"hpcpar": [], **{name: [] for name in peers}}
         tts: dict[str, list[dict]] = {"hpcpar": [], **{name: [] for name in peers}}
-        hard, _ = _hard(n, args.ratio)
         hard_path = folder / f"hard{n}.cnf"
         write_dimacs(hard, hard_path)
         for r in range(args.repeats):
@@ -139,34 +159,38 @@ def _sequential(args: argparse.Namespace, sizes: list[int], folder: Path) -> lis
             for name, run in peers.items():
                 res = run(hard_path, 100 + r, args.flips)
                 rate[name].append(res["flips"] / max(res["seconds"], 1e-9))
-        for seed in range(1, args.seeds + 1):
+        for seed in range(1, args.seeds + 1 if timed else 1):
             tts["hpcpar"].append(_ours(cnf, seed, 10**10))
             for name, run in peers.items():
                 tts[name].append(run(path, seed))
         for solver, rates in rate.items():
             if not rates:
                 continue
-            runs = tts[solver]
+            runs = tts[solver] or [{"seconds": np.nan, "wall": np.nan, "flips": np.nan,
+                                    "solved": False}]  # fmt: skip
             docs.append({
                 "variant": solver, "n": n, "clauses": cnf.n_clauses, "instance_seed": inst,
                 "flips_per_s": _stats(rates),
                 "time_to_solution_s": _stats([r["seconds"] for r in runs]),
                 "wall_to_solution_s": _stats([r["wall"] for r in runs]),
                 "flips_to_solution": _stats([r["flips"] for r in runs]),
-                "solved": sum(bool(r["solved"]) for r in runs), "runs": len(runs),
-                "flips_sample": [r["flips"] for r in runs],
+                "solved": sum(bool(r["solved"]) for r in tts[solver]), "runs": len(tts[solver]),
+                "flips_sample": [r["flips"] for r in tts[solver]], "k": args.k,
+                "ratio": args.ratio, "planted": args.planted,
             })  # fmt: skip
     return docs
 
 
-def _hard(n: int, ratio: float) -> tuple[Any, int]:
+def _hard(n: int, ratio: float, k: int = 3) -> tuple[Any, int]:
     """An instance for rate runs: the same size just above the threshold.
 
-    At ratio + 0.25 it is almost surely unsatisfiable, so every rate run does all its flips.
+    At ratio + 0.25 and 5% over the threshold it is almost surely unsatisfiable, so
+    every rate run does all its flips.
     """
     from . import random_ksat
 
-    return random_ksat(n, round((ratio + 0.25) * n), 3, seed=777)[0], 777
+    above = max(ratio + 0.25, 1.05 * THRESHOLD[k])
+    return random_ksat(n, round(above * n), k, seed=777)[0], 777
 
 
 def _portfolio(comm: Any, args: argparse.Namespace, cnf: Any, sample: list[float]) -> dict:
@@ -197,20 +221,28 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
 
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+        rate_sizes = [int(s) for s in args.rate_sizes.split(",") if s.strip()]
     except ValueError:
-        raise UsageError(f"bench sat: --sizes takes integers, not {args.sizes!r}") from None
-    if not sizes or min(sizes) < 10 or args.seeds < 3 or args.flips < 1:
+        raise UsageError(
+            f"bench sat: --sizes and --rate-sizes take integers, not "
+            f"{args.sizes!r} and {args.rate_sizes!r}"
+        ) from None
+    if not sizes or min(sizes + rate_sizes) < 10 or args.seeds < 3 or args.flips < 1:
         raise UsageError("bench sat: sizes >= 10, --seeds >= 3 and --flips >= 1")
+    if args.ratio is None:
+        args.ratio = RATIO[args.k]
     say = rank0_printer(comm, "sat", args.peer_binary)
     rank, size = comm.Get_rank(), comm.Get_size()
-    say(f"# hpcpar bench sat: uniform 3-SAT at ratio {args.ratio}, sizes {sizes}, "
+    kind = "planted" if args.planted else "uniform"
+    say(f"# hpcpar bench sat: {kind} {args.k}-SAT at ratio {args.ratio}, sizes {sizes} "
+        f"(flips/s only: {rate_sizes or 'none'}), "
         f"{args.seeds} seeds, rate runs {args.repeats} x {args.flips} flips; "
         f"peer {args.peer_binary or 'none (--peer-binary PATH)'}; yalsat "
         f"{args.yalsat_binary or 'none (--yalsat-binary PATH)'}; {size} rank(s)")  # fmt: skip
     docs = None
     with tempfile.TemporaryDirectory(prefix="hpcpar-bench-sat-") as tmp:
         if rank == 0:
-            docs = _sequential(args, sizes, Path(tmp))
+            docs = _sequential(args, sizes, rate_sizes, Path(tmp))
         idle_barrier(comm)
     docs = comm.bcast(docs, root=0)
     by = {(d["variant"], d["n"]): d for d in docs}
@@ -244,7 +276,8 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
 
         small = min(sizes)
         inst = by[("hpcpar", small)]["instance_seed"]
-        cnf, _ = random_ksat(small, round(args.ratio * small), 3, seed=inst)
+        cnf, _ = random_ksat(small, round(args.ratio * small), args.k, seed=inst,
+                             planted=args.planted)  # fmt: skip
         sample = None
         if rank == 0:  # a larger sequential sample for the prediction (cheap at this size)
             sample = [

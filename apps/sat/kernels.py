@@ -17,7 +17,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["ALG_PROBSAT", "ALG_WALKSAT", "ALG_CC", "seed_state", "init_state", "search"]
+__all__ = [
+    "ALG_PROBSAT", "ALG_WALKSAT", "ALG_CC", "seed_state", "init_state", "search", "search_probsat",
+]  # fmt: skip
 
 ALG_PROBSAT, ALG_WALKSAT, ALG_CC = 0, 1, 2
 
@@ -204,4 +206,95 @@ def search(  # noqa: PLR0912, PLR0915
                     for j in range(cstart[d], cstart[d + 1]):
                         if cvar[j] != v:
                             conf[cvar[j]] = 1
+    return flips
+
+
+@njit(cache=True, inline="always")
+def _xoshiro(s0, s1, s2, s3):  # type: ignore[no-untyped-def]
+    """One xoshiro256** step on a state held in locals: (output, new state)."""
+    result = _rotl(s1 * np.uint64(5), 7) * np.uint64(9)
+    t = s1 << np.uint64(17)
+    s2 ^= s0
+    s3 ^= s1
+    s1 ^= s2
+    s0 ^= s3
+    s2 ^= t
+    s3 = _rotl(s3, 45)
+    return result, s0, s1, s2, s3
+
+
+@njit(cache=True)
+def search_probsat(  # noqa: PLR0915
+    probs, cvar, cstart, occ, ostart, a, numtrue, critx, brk, false, where, nfalse, rng, weight,
+    max_flips,
+):  # fmt: skip
+    """``search`` for probSAT alone: the same flips from the same state, faster.
+
+    The counters the loop changes every flip (the false-clause count, the random
+    state) live in locals, written back at the end, so they stay in registers instead of
+    going through memory that the compiler must assume the other arrays may alias; every
+    index is unsigned, so no array access pays numba's check for a negative index; and
+    no configuration-checking bookkeeping is done. ``hpcpar bench sat`` measures it.
+    """
+    scale = 1.0 / 9007199254740992.0
+    one, two, eleven = np.uint64(1), np.uint64(2), np.uint64(11)
+    s0, s1, s2, s3 = rng[0], rng[1], rng[2], rng[3]
+    nf = np.uint64(nfalse[0])
+    flips = 0
+    while flips < max_flips and nf > 0:
+        x, s0, s1, s2, s3 = _xoshiro(s0, s1, s2, s3)
+        c = np.uint64(false[np.uint64(float(x >> eleven) * scale * float(nf))])
+        lo, hi = np.uint64(cstart[c]), np.uint64(cstart[c + one])
+        total = 0.0
+        j = lo
+        while j < hi:
+            total += probs[np.uint64(brk[np.uint64(cvar[j])])]
+            weight[j - lo] = total
+            j += one
+        x, s0, s1, s2, s3 = _xoshiro(s0, s1, s2, s3)
+        r = float(x >> eleven) * scale * total
+        v = np.uint64(cvar[hi - one])
+        j = lo
+        while j < hi:
+            if r < weight[j - lo]:
+                v = np.uint64(cvar[j])
+                break
+            j += one
+        now = one - np.uint64(a[v])
+        a[v] = now
+        now_true = two * v + (one - now)  # literal index: 2v positive, 2v+1 negative
+        v32 = np.int32(v)
+        i, end = np.uint64(ostart[now_true]), np.uint64(ostart[now_true + one])
+        while i < end:
+            d = np.uint64(occ[i])
+            t = numtrue[d]
+            if t == 0:  # false -> satisfied by v alone
+                nf -= one
+                last = np.uint64(false[nf])
+                at = np.uint64(where[d])
+                false[at] = last
+                where[last] = at
+                brk[v] += 1
+            elif t == 1:
+                brk[np.uint64(critx[d])] -= 1  # the old critical variable is no longer alone
+            numtrue[d] = t + 1
+            critx[d] ^= v32
+            i += one
+        i, end = np.uint64(ostart[now_true ^ one]), np.uint64(ostart[(now_true ^ one) + one])
+        while i < end:
+            d = np.uint64(occ[i])
+            t = numtrue[d] - 1
+            numtrue[d] = t
+            critx[d] ^= v32
+            if t == 0:
+                false[nf] = d
+                where[d] = nf
+                nf += one
+                brk[v] -= 1
+            elif t == 1:
+                brk[np.uint64(critx[d])] += 1
+            i += one
+        flips += 1
+    rng[0], rng[1], rng[2], rng[3] = s0, s1, s2, s3
+    nfalse[0] = nf
     return flips

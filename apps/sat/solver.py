@@ -154,12 +154,19 @@ class LocalSearch:
             chunk = left
             if self.restart:
                 chunk = min(chunk, self.restart - self.since_restart)
-            done = K.search(
-                ALGORITHMS[self.algorithm], self.params, self.probs, self.cvar, self.csign,
-                self.cstart, self.occ, self.ostart, self.a, self.numtrue, self.critx, self.brk,
-                self.make, self.false, self.where, self.nfalse, self.conf, self.age, self.rng,
-                self.weight, self.flips, chunk,
-            )  # fmt: skip
+            if self.algorithm == "probsat":
+                done = K.search_probsat(
+                    self.probs, self.cvar, self.cstart, self.occ, self.ostart, self.a,
+                    self.numtrue, self.critx, self.brk, self.false, self.where, self.nfalse,
+                    self.rng, self.weight, chunk,
+                )  # fmt: skip
+            else:
+                done = K.search(
+                    ALGORITHMS[self.algorithm], self.params, self.probs, self.cvar,
+                    self.csign, self.cstart, self.occ, self.ostart, self.a, self.numtrue,
+                    self.critx, self.brk, self.make, self.false, self.where, self.nfalse,
+                    self.conf, self.age, self.rng, self.weight, self.flips, chunk,
+                )  # fmt: skip
             self.flips += done
             self.since_restart += done
             left -= done

@@ -190,6 +190,24 @@ def test_incremental_counters_equal_a_recount(algorithm):
         assert check_model(cnf, ls.model()) == (-1 if ls.solved else check_model(cnf, ls.model()))
 
 
+@pytest.mark.parametrize(("n", "k", "ratio"), [(60, 3, 4.6), (40, 5, 21.0), (30, 7, 88.0)])
+def test_the_probsat_kernel_takes_the_general_kernels_flips(n, k, ratio):
+    # the specialised loop (locals for the counters) against the general one, from one
+    # state, on unsatisfiable-density instances so that every flip is taken
+    cnf, _ = random_ksat(n, int(ratio * n), k, seed=2)
+    fast, general = LocalSearch(cnf, seed=4), LocalSearch(cnf, seed=4)
+    for flips in (1, 10, 5000):
+        fast.run(flips)
+        K.search(
+            K.ALG_PROBSAT, general.params, general.probs, general.cvar, general.csign,
+            general.cstart, general.occ, general.ostart, general.a, general.numtrue,
+            general.critx, general.brk, general.make, general.false, general.where,
+            general.nfalse, general.conf, general.age, general.rng, general.weight, 0, flips,
+        )  # fmt: skip
+        for name in ("a", "numtrue", "critx", "brk", "false", "where", "nfalse", "rng"):
+            assert np.array_equal(getattr(fast, name), getattr(general, name)), name
+
+
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_restored_state_continues_flip_for_flip(algorithm):
     cnf, _ = random_ksat(50, 1000, 3, seed=1)  # unsatisfiable: never stops early
