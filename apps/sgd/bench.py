@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from hpcpar.bench.harness import Row, quartile_spread
+from hpcpar.bench.on_vcluster import add_vcluster_arguments, rerun_on_vcluster
 from hpcpar.cli.common import integer, real
 from hpcpar.plugins import Benchmark, register
 
@@ -85,6 +86,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "that ZeRO-1 shards",
     )
     parser.add_argument("--no-torch", action="store_true", help="skip the torch DDP peer")
+    add_vcluster_arguments(parser, profile="HPCPAR_PROFILE")
     parser.add_argument("--seed", type=integer(0), default=0)
 
 
@@ -441,6 +443,8 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:  # noqa: PLR0912, PL
 
     from .data import load_dataset
 
+    if args.vcluster:
+        return rerun_on_vcluster(comm, args, "sgd", "ranks")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         raise UsageError(f"bench sgd: --modes takes {', '.join(MODES)}, not {args.modes!r}")

@@ -183,7 +183,8 @@ class DataParallel:
 
     Raises:
         SgdError: the ranks' models differ (the first differing parameter is named, on
-            every rank), a bad bucket size, or no parameter to train.
+            every rank), a parameter or buffer of a dtype numpy has not (bfloat16, the
+            float8 types), a bad bucket size, or no parameter to train.
     """
 
     def __init__(
@@ -215,6 +216,7 @@ class DataParallel:
         base = resolve_comm(comm)
         self.rank, self.size = base.Get_rank(), base.Get_size()
         self._check_same_model(base)
+        _check_dtypes(torch, module)
         # the gradients' own communicator: the program's collectives on comm never
         # interleave with the communication thread's
         self._own = base.Dup()
@@ -464,6 +466,20 @@ class DataParallel:
             f"auto: {shape}; predicted communication after a {1e3 * float(when[-1]):.1f} ms "
             f"backward pass {1e3 * exposed:.2f} ms (one bucket: {1e3 * one:.2f} ms; {where})"
         )
+
+
+def _check_dtypes(torch: Any, module: Any) -> None:
+    """Every parameter and buffer of a dtype hpcpar can reduce (numpy's and cupy's)."""
+    named = [*module.named_parameters(), *module.named_buffers()]
+    for name, t in named:
+        try:
+            torch.empty(0, dtype=t.dtype).numpy()
+        except TypeError:
+            raise SgdError(
+                f"DataParallel: {name} is {str(t.dtype).removeprefix('torch.')}, which "
+                "hpcpar's collectives cannot reduce (numpy has no such type); train in "
+                "float32 or float16"
+            ) from None
 
 
 def _spare_core(comm: Any) -> bool:

@@ -22,17 +22,17 @@ from typing import Any
 from ..errors import HpcparError, UsageError
 from .harness import Measurement
 
-__all__ = ["add_vcluster_arguments", "run_on_vcluster"]
+__all__ = ["add_vcluster_arguments", "rerun_on_vcluster", "run_on_vcluster"]
 
 
-def add_vcluster_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--vcluster``, ``--link`` and ``--distribution``."""
+def add_vcluster_arguments(parser: argparse.ArgumentParser, profile: str = "--profile") -> None:
+    """``--vcluster``, ``--link`` and ``--distribution`` (``profile``: what names one)."""
     parser.add_argument(
         "--vcluster",
         default=None,
         metavar="NxK",
         help="run on a virtual cluster of N nodes x K ranks (brought up and down here; "
-        "calibrates a profile first unless --profile is given; needs root)",
+        f"calibrates a profile first unless {profile} is given; needs root)",
     )
     parser.add_argument(
         "--link",
@@ -108,7 +108,72 @@ def run_on_vcluster(comm: Any, args: argparse.Namespace) -> list[Measurement]:
     return [Measurement(**row) for row in rows]
 
 
-def _step(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
+def rerun_on_vcluster(comm: Any, args: argparse.Namespace, bench: str, size_key: str) -> list[Any]:
+    """Run this same ``hpcpar bench BENCH`` command inside a virtual cluster; its rows.
+
+    The command line is this process's, less ``--vcluster``, ``--link``,
+    ``--distribution`` and ``--output``; the cluster is brought up (or reused) as for
+    ``bench collectives --vcluster``, and a profile calibrated on it first unless
+    ``HPCPAR_PROFILE`` names one, so that ``auto`` and the cost model see its links.
+
+    Raises:
+        UsageError: started on more than one rank, a layout given, a bad shape.
+        HpcparError: the calibration or the benchmark failed on the cluster.
+    """
+    from ..vcluster.netns import ClusterSpec, cluster, parse_link
+    from .harness import Row
+
+    who = f"bench {bench} --vcluster"
+    if comm.Get_size() != 1:
+        raise UsageError(f"{who}: start it as one process; it launches the ranks itself")
+    if args.layout:
+        raise UsageError(f"{who}: the nodes are real there; drop --layout")
+    nodes, ppn = _shape(args.vcluster)
+    parse_link(args.link)
+    inner = _own_arguments(sys.argv, bench)
+    hpcpar = [sys.executable, "-m", "hpcpar"]
+    prefix = args.output or str(Path(tempfile.mkdtemp(prefix="hpcpar-vc-")) / bench)
+    place = ["vcluster", "run", "--ppn", str(ppn), "--distribution", args.distribution]
+    env = dict(os.environ)
+    with cluster(ClusterSpec(nodes, args.link), who) as warnings:
+        for warning in warnings:
+            print(f"hpcpar bench: warning: {warning}", flush=True)
+        if not env.get("HPCPAR_PROFILE"):
+            env["HPCPAR_PROFILE"] = f"{prefix}-profile.json"
+            calibrate = ["calibrate", "--output", env["HPCPAR_PROFILE"], "--repeats", "5"]
+            _step(hpcpar + place + ["--timeout", "900", "--"] + calibrate, "calibration", who=who)
+        run = ["bench", bench, *inner, "--output", prefix]
+        _step(hpcpar + place + ["--timeout", "5400", "--"] + run, "benchmark", env, who)
+    args.output = None  # written by the run on the cluster, with its metadata
+    rows = json.loads(Path(f"{prefix}.json").read_text())["results"]
+    return [Row(row, size_key=size_key) for row in rows]
+
+
+def _own_arguments(argv: list[str], bench: str) -> list[str]:
+    """The arguments after ``bench BENCH`` in ``argv``, less the cluster's and --output."""
+    try:
+        at = next(i for i in range(len(argv) - 1) if argv[i : i + 2] == ["bench", bench])
+    except StopIteration:
+        raise UsageError(f"bench {bench} --vcluster: cannot find 'bench {bench}' in the "
+                         "command line to run it again inside the cluster") from None  # fmt: skip
+    drop = ("--vcluster", "--link", "--distribution", "--output")
+    out, rest = [], argv[at + 2 :]
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        if word in drop:
+            i += 2
+            continue
+        if not word.startswith(tuple(f"{d}=" for d in drop)):
+            out.append(word)
+        i += 1
+    return out
+
+
+def _step(
+    argv: list[str], what: str, env: dict[str, str] | None = None,
+    who: str = "bench collectives --vcluster",
+) -> None:  # fmt: skip
     code = subprocess.run(argv, env=env, check=False).returncode
     if code != 0:
-        raise HpcparError(f"bench collectives --vcluster: the {what} failed (exit {code})")
+        raise HpcparError(f"{who}: the {what} failed (exit {code})")

@@ -142,6 +142,8 @@ def test_models_that_differ_between_ranks_are_named_on_every_rank(comm):
     net = torch.nn.Sequential(torch.nn.Linear(10, width), torch.nn.Linear(width, 3))
     with pytest.raises(SgdError, match=r"models differ: rank \d has 0.weight of shape"):
         DataParallel(net, comm=comm)
+    with pytest.raises(SgdError, match=r"0.weight is bfloat16, which hpcpar's collectives"):
+        DataParallel(make_net().to(torch.bfloat16), comm=comm)
     for bad in (0, -1.0, True, "big", float("nan")):
         with pytest.raises(SgdError, match="bucket_mib"):
             DataParallel(make_net(), comm=comm, bucket_mib=bad)
