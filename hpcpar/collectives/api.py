@@ -28,6 +28,7 @@ from .check import check_same, checking
 from .errors import CollectiveError
 from .fastpath import fast_allreduce
 from .ops import ReduceOp, resolve_op
+from .registry import LIBRARY
 from .schedule import CollectiveRequest, Schedule, run
 from .select import choose
 from .state import state_for
@@ -456,20 +457,35 @@ def _prepare_reduce_scatter(
     )
     if out is not None:
         check_out(out, (sizes[r],), data.dtype)
-    work = np.array(data, order="C").reshape(-1)
     collective = "allreduce" if reproducible else "reduce_scatter"
     chosen, call = _begin(
         collective,
         comm,
         algorithm,
         rop,
-        work.nbytes,
+        data.nbytes,
         blocking,
         itemsize=data.itemsize,
         counts=sizes,
         dtype=data.dtype.str,
         reproducible=bool(reproducible),
     )
+    if blocking and not reproducible and chosen.name == LIBRARY:
+        # the library's call reads x and writes this rank's block: no copy of x
+        from .algorithms.mpi import reduce_scatter_into
+
+        block = np.empty(sizes[r], dtype=data.dtype)
+        send = np.ascontiguousarray(data).reshape(-1)
+        schedule = reduce_scatter_into(call, send, rop, sizes, block)
+
+        def handed() -> Any:
+            if out is None:
+                return to_device_like(x, block)
+            out[...] = to_device_like(out, block)
+            return out
+
+        return _Pending("ireduce_scatter", schedule, _finisher(call, handed))
+    work = np.array(data, order="C").reshape(-1)
     schedule = (
         repro.allreduce(call, chosen, work, rop)
         if reproducible

@@ -76,19 +76,26 @@ def allgatherv(call: Call, out: np.ndarray, counts: list[int]) -> Schedule:
 
 def reduce_scatter(call: Call, buf: np.ndarray, op: ReduceOp, counts: list[int]) -> Schedule:
     """MPI_Ireduce_scatter in place: this rank's block of ``buf`` ends reduced."""
-    call.stats.inside_mpi = True
-    comm = call.state.private
-    rank = comm.Get_rank()
+    rank = call.state.private.Get_rank()
     start = sum(counts[:rank])
     # Not in place: MPICH 5.0.2 asserts (overlapping memcpy) on in-place reduce-scatter
     # when one rank's block is the whole vector.
     block = np.empty(counts[rank], dtype=buf.dtype)
-    with Reduction(buf, op) as (send_spec, mpi_op), Reduction(block, op) as (recv_spec, _):
+    yield from reduce_scatter_into(call, buf, op, counts, block)
+    buf[start : start + counts[rank]] = block
+
+
+def reduce_scatter_into(
+    call: Call, send: np.ndarray, op: ReduceOp, counts: list[int], block: np.ndarray
+) -> Schedule:
+    """MPI_Ireduce_scatter from ``send`` (left as it is) into this rank's ``block``."""
+    call.stats.inside_mpi = True
+    comm = call.state.private
+    with Reduction(send, op) as (send_spec, mpi_op), Reduction(block, op) as (recv_spec, _):
         if call.blocking:
             comm.Reduce_scatter(send_spec, recv_spec, counts, mpi_op)
         else:
             yield [comm.Ireduce_scatter(send_spec, recv_spec, counts, mpi_op)]
-    buf[start : start + counts[rank]] = block
 
 
 def alltoallv(
