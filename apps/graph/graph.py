@@ -132,7 +132,9 @@ class DistGraph:
         counts = np.bincount(ucol, minlength=g.col_size)
         self.indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         order = by_weight[counts_order(ucol[by_weight], self.indptr)]
-        self.adj = (v[order] - g.row_lo).astype(np.int64)
+        # row-block-local indices: 4 bytes each while the row block has under 2^31 vertices
+        small = g.row_hi - g.row_lo < 1 << 31
+        self.adj = (v[order] - g.row_lo).astype(np.int32 if small else np.int64)
         self.weight = np.ascontiguousarray(w[order])
         partial = counts.astype(np.int64)
         if self.col_comm.Get_size() > 1:

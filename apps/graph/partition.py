@@ -123,11 +123,15 @@ class Grid:
 
     def to_col(self, v: np.ndarray) -> np.ndarray:
         """Column-local index of vertices known to lie in this rank's column block."""
+        if self.rows == 1:  # 1 x P: the column block is this slot alone
+            return v - self.bounds[self.j]
         r = self.owner_slot(v) // self.cols
         return v - self.bounds[r * self.cols + self.j] + self.col_offset[r]
 
     def from_col(self, c: np.ndarray) -> np.ndarray:
         """Global vertex of each column-local index (the inverse of ``to_col``)."""
+        if self.rows == 1:
+            return c + self.bounds[self.j]
         r = np.searchsorted(self.col_offset, c, side="right") - 1
         return c - self.col_offset[r] + self.bounds[r * self.cols + self.j]
 
@@ -180,6 +184,8 @@ class Exchange:
     def _flat(self, h: Hierarchy, dest: np.ndarray, rows: np.ndarray,
               node_of: np.ndarray) -> np.ndarray:  # fmt: skip
         width, size, me = rows.shape[1], h.size, h.rank
+        if size == 1:  # to this rank alone: nothing to sort or send
+            return rows
         counts = np.bincount(dest, minlength=size)
         order = np.argsort(dest, kind="stable")
         nbytes = counts * width * 8

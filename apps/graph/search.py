@@ -5,7 +5,8 @@ every rank expands the frontier vertices of its column block into candidate (chi
 parent) pairs for its row block, and candidates are folded along the row to their
 owners, where the first one wins. Bottom-up: the frontier (as a bitmap) is gathered along
 the row and the visited bitmap along the column; every unvisited vertex of the column
-block looks for its first neighbour in the frontier (numba, early exit) and the finds are
+block looks for its first neighbour in the frontier (numba, early exit, probing the
+frontier as a bitmap of one bit a vertex) and the finds are
 folded along the column. The switch follows Beamer et al.: top-down -> bottom-up when
 the frontier's edges exceed the unvisited vertices' edges / alpha, back when the frontier
 holds fewer than n / beta vertices and shrinks.
@@ -23,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .graph import DistGraph
-from .kernels import bu_scan, claim, improve, relax, td_expand
+from .kernels import bitmap, bu_scan, claim, improve, relax, td_expand
 from .kronecker import GraphError
 
 __all__ = ["bfs", "sssp", "SearchResult"]
@@ -92,7 +93,7 @@ def bfs(g: DistGraph, root: int, *, direction: str = "auto", alpha: float = 14.0
             mask[frontier] = True
             front = g.gather_bits(g.row_h, mask, row_sizes)
             visited = g.gather_bits(g.col_h, parent >= 0, col_sizes)
-            c, v = bu_scan(g.indptr, g.adj, np.flatnonzero(~visited), front)
+            c, v = bu_scan(g.indptr, g.adj, np.flatnonzero(~visited), bitmap(front))
             u = grid.from_col(c)
             got = g.col_x(grid.owner_slot(u) // grid.cols, np.stack([u, v + grid.row_lo], axis=1))
         frontier = claim(parent, got[:, 0] - lo, got[:, 1])
