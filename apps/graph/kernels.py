@@ -82,8 +82,10 @@ def relax(indptr, adj, weight, cols, dist, globs, light, delta, best):
 
     Segments are sorted by weight, so light edges are a prefix. ``best`` (row-local)
     holds the smallest distance this rank has sent for each target; a candidate no
-    better than it cannot improve the owner's distance and is not sent.
+    better than it cannot improve the owner's distance and is not sent. Indices are
+    unsigned, so numba adds no negative-index check to the loops.
     """
+    one = np.uint64(1)
     total = 0
     for c in cols:
         total += indptr[c + 1] - indptr[c]
@@ -92,14 +94,14 @@ def relax(indptr, adj, weight, cols, dist, globs, light, delta, best):
     out_p = np.empty(total, dtype=np.int64)
     k = 0
     for t in range(cols.size):
-        c, d, g = cols[t], dist[t], globs[t]
-        start, stop = indptr[c], indptr[c + 1]
+        c, d, g = np.uint64(cols[t]), dist[t], globs[t]
+        start, stop = np.uint64(indptr[c]), np.uint64(indptr[c + one])
         split = start
         while split < stop and weight[split] < delta:
-            split += 1
-        lo, hi = (start, split) if light else (split, stop)
-        for e in range(lo, hi):
-            v = adj[e]
+            split += one
+        e, hi = (start, split) if light else (split, stop)
+        while e < hi:
+            v = np.uint64(adj[e])
             nd = d + weight[e]
             if nd < best[v]:
                 best[v] = nd
@@ -107,6 +109,7 @@ def relax(indptr, adj, weight, cols, dist, globs, light, delta, best):
                 out_d[k] = nd
                 out_p[k] = g
                 k += 1
+            e += one
     return out_v[:k], out_d[:k], out_p[:k]
 
 

@@ -119,6 +119,7 @@ def sssp(g: DistGraph, root: int, *, delta: float = 0.1) -> SearchResult:
     parent = np.full(g.own, -1, dtype=np.int64)
     done = np.zeros(g.own, dtype=bool)
     mark = np.zeros(g.own, dtype=bool)
+    settled = np.zeros(g.own, dtype=bool)
     best = np.full(grid.row_hi - grid.row_lo, np.inf)
     if lo <= root < grid.hi:
         dist[root - lo], parent[root - lo] = 0.0, root
@@ -145,13 +146,13 @@ def sssp(g: DistGraph, root: int, *, delta: float = 0.1) -> SearchResult:
         if bucket == np.inf:
             break
         active = pending[np.floor(dist[pending] / delta) == bucket]
-        settled = []
         while g.comm.allreduce(active.size) > 0:
             done[active] = True
-            settled.append(active)
+            settled[active] = True
             changed = step(active, True)
             done[changed] = False
             active = changed[np.floor(dist[changed] / delta) == bucket]
-        members = np.unique(np.concatenate(settled)) if settled else np.empty(0, np.int64)
+        members = np.flatnonzero(settled)  # every vertex settled in this bucket, once
+        settled[members] = False
         done[step(members, False)] = False
     return SearchResult(root, parent, dist=dist, rounds=rounds)
