@@ -157,6 +157,17 @@ def _gap(
     return docs
 
 
+def _peak_memory(comm: Any) -> int:
+    """The ranks' peak resident memory, summed (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return int(comm.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+
+
+def _graph_bytes(comm: Any, docs: list[dict]) -> int:
+    return max((d.get("graph_bytes", 0) for d in docs), default=0)
+
+
 def _imbalance(table: dict[str, list[int]]) -> dict[str, float]:
     out = {}
     for key in ("vertices", "entries"):
@@ -166,6 +177,7 @@ def _imbalance(table: dict[str, list[int]]) -> dict[str, float]:
     out["volume_max_over_mean"] = float(volume.max() / volume.mean()) if volume.mean() else 1.0
     out["bytes_intra"] = int(np.sum(table["bytes_intra"]))
     out["bytes_inter"] = int(np.sum(table["bytes_inter"]))
+    out["graph_bytes"] = int(np.sum(table.get("graph_bytes", [0])))
     return out
 
 
@@ -233,6 +245,15 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         del whole
         idle_barrier(comm)
         docs += comm.bcast(peers, root=0)
+        peak = _peak_memory(comm)  # hpcpar's ranks (the peers ran in other processes)
+        edges_total = args.edgefactor << scale
+        for d in docs:
+            if d["variant"].startswith("hpcpar-"):
+                d["peak_rss_bytes_all_ranks"] = peak
+                d["peak_bytes_per_edge"] = peak / edges_total
+        say(f"# SCALE {scale}: hpcpar's peak memory {peak / 2**30:.2f} GiB over {size} rank(s), "
+            f"{peak / edges_total:.1f} bytes per input edge (its graph: "
+            f"{_graph_bytes(comm, docs) / edges_total:.1f})")  # fmt: skip
         rows += _report(say, scale, size, docs)
     return rows
 

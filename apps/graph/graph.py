@@ -212,11 +212,12 @@ class DistGraph:
         return rows[:, 0] - self.grid.lo
 
     def load_imbalance(self) -> dict[str, Any]:
-        """Per-rank vertices, stored adjacency entries and exchange volume (rank 0: all)."""
+        """Per-rank vertices, stored adjacency entries, exchange volume and graph bytes."""
+        held = sum(a.nbytes for a in (self.indptr, self.adj, self.weight, self.degree))
         mine = [self.own, int(self.adj.size), self.row_x.intra + self.col_x.intra,
-                self.row_x.inter + self.col_x.inter]  # fmt: skip
+                self.row_x.inter + self.col_x.inter, held]  # fmt: skip
         table = np.array(self.comm.allgather(mine), dtype=np.int64)
-        names = ("vertices", "entries", "bytes_intra", "bytes_inter")
+        names = ("vertices", "entries", "bytes_intra", "bytes_inter", "graph_bytes")
         return {name: table[:, k].tolist() for k, name in enumerate(names)}
 
     def reset_volume(self) -> None:
