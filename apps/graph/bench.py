@@ -57,6 +57,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gap-binary", metavar="DIR", help="the GAP benchmark suite's folder (its bfs and sssp)"
     )
+    parser.add_argument("--no-scipy", action="store_true", help="leave out the scipy peer")
     parser.add_argument("--peer-timeout", type=real(0, above=True), default=900.0, metavar="S")
 
 
@@ -157,8 +158,28 @@ def _gap(
     return docs
 
 
+def _peers(args: argparse.Namespace, whole: list[Any] | None, edges: Any, keys: list[int],
+           nedge: list[int], kernels: list[str], size: int, scale: int) -> list[dict]:  # fmt: skip
+    """Rank 0, while the others sleep: scipy on the gathered graph, the reference, GAP."""
+    from . import EdgeList
+
+    peers: list[dict] = []
+    if whole is not None:
+        full = EdgeList(*(np.concatenate([getattr(e, f) for e in whole])
+                          for f in ("src", "dst", "weight")),
+                        edges.n_vertices, edges.n_edges, 0)  # fmt: skip
+        peers = _scipy(full, keys, nedge, kernels)
+        del full
+    if args.peer_binary:
+        peers += _reference(args.peer_binary, size, scale, args.edgefactor, args.peer_timeout)
+    if args.gap_binary:
+        peers += _gap(args.gap_binary, size, scale, args.edgefactor, args.roots, kernels,
+                      float(np.mean(nedge)), args.peer_timeout)  # fmt: skip
+    return peers
+
+
 def _peak_memory(comm: Any) -> int:
-    """The ranks' peak resident memory, summed (Linux reports ru_maxrss in KiB)."""
+    """The ranks' peak resident memory so far, summed (Linux reports ru_maxrss in KiB)."""
     import resource
 
     return int(comm.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
@@ -207,7 +228,8 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     say = rank0_printer(comm, "graph", args.peer_binary)
     rank, size = comm.Get_rank(), comm.Get_size()
     say(f"# hpcpar bench graph: SCALE {scales}, edgefactor {args.edgefactor}, {args.roots} keys, "
-        f"kernels {kernels}, {size} rank(s); peers scipy {__import__('scipy').__version__}, "
+        f"kernels {kernels}, {size} rank(s); peers "
+        f"{'no scipy' if args.no_scipy else 'scipy ' + __import__('scipy').__version__}, "
         f"{args.peer_binary or 'no Graph500 reference (--peer-binary PATH)'}")  # fmt: skip
     say(f"# {'SCALE':>5s} {'variant':16s} {'kernel':6s} {'hmean TEPS':>11s} {'median':>10s} "
         f"{'spread%':>7s} {'vs scipy':>8s} {'vs ref':>7s} {'vs GAP':>6s} {'edges max/mean':>14s} "
@@ -226,26 +248,12 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
                 docs.append({"variant": f"hpcpar-{partition}", "kernel": kernel,
                              "teps": _teps(result.times[kernel], nedge),
                              "construction_s": result.construction, **imb})  # fmt: skip
-        whole = comm.gather(edges, root=0)
-        peers = None
-        if rank == 0:
-            from . import EdgeList
-
-            full = EdgeList(*(np.concatenate([getattr(e, f) for e in whole])
-                              for f in ("src", "dst", "weight")),
-                            edges.n_vertices, edges.n_edges, 0)  # fmt: skip
-            peers = _scipy(full, keys, nedge, kernels)
-            del full
-            if args.peer_binary:
-                peers += _reference(args.peer_binary, size, scale, args.edgefactor,
-                                    args.peer_timeout)  # fmt: skip
-            if args.gap_binary:
-                peers += _gap(args.gap_binary, size, scale, args.edgefactor, args.roots,
-                              kernels, float(np.mean(nedge)), args.peer_timeout)  # fmt: skip
+        peak = _peak_memory(comm)  # hpcpar's alone: before scipy's copy of the graph
+        whole = None if args.no_scipy else comm.gather(edges, root=0)
+        peers = _peers(args, whole, edges, keys, nedge, kernels, size, scale) if rank == 0 else None
         del whole
         idle_barrier(comm)
         docs += comm.bcast(peers, root=0)
-        peak = _peak_memory(comm)  # hpcpar's ranks (the peers ran in other processes)
         edges_total = args.edgefactor << scale
         for d in docs:
             if d["variant"].startswith("hpcpar-"):

@@ -209,3 +209,47 @@ def test_negative_weights_are_refused_for_sssp_only(capsys, tmp_path):
     assert status == 2 and "negative weight -0.25" in err
     status, text, _ = _cli(capsys, "graph", "bfs", "--input", str(path), "--roots", "3")
     assert status == 0 and "NBFS:                           3" in text
+
+
+def _fake_gap(folder, seconds):
+    """Stand-ins for GAP's bfs and sssp that print its lines (the parser's reference)."""
+    folder.mkdir()
+    for kernel in ("bfs", "sssp"):
+        script = folder / kernel
+        trials = "".join(f"echo 'Trial Time:          {s:.5f}'\n" for s in seconds)
+        script.write_text(f"#!/bin/sh\necho 'Build Time:          0.25000'\n{trials}"
+                          "echo 'Average Time:        0.00000'\n")  # fmt: skip
+        script.chmod(0o755)
+
+
+def test_bench_graph_against_gap_and_its_memory_per_edge(tmp_path):
+    from launching import hpcpar
+
+    _fake_gap(tmp_path / "gap", [0.002, 0.004])
+    gap = str(tmp_path / "gap")
+    proc = hpcpar("bench", "graph", "--scales", "9", "--roots", "2", "--partitions", "1d-vertex",
+                  "--no-scipy", "--gap-binary", gap, "--output", str(tmp_path / "g"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "g.json").read_text())["results"]
+    by = {(r["variant"], r["kernel"]): r for r in rows}
+    assert "scipy" not in {r["variant"] for r in rows}
+    for kernel in ("bfs", "sssp"):
+        ours, gap = by[("hpcpar-1d-vertex", kernel)], by[("gap", kernel)]
+        # GAP's trials in Graph500 edges: the harmonic mean is edges / mean time
+        edges = gap["teps"]["harmonic_mean"] * 0.003
+        assert gap["teps"]["max"] == pytest.approx(edges / 0.002)
+        assert gap["construction_s"] == 0.25
+        assert ours["vs_gap"] == pytest.approx(ours["teps"]["harmonic_mean"] / (edges / 0.003))
+        # the graph: 4-byte targets, 8-byte weights and an 8-byte offset per column vertex
+        assert ours["graph_bytes"] >= 12 * 2 * 16 * 2**9 * 0.9
+        assert ours["peak_bytes_per_edge"] > ours["graph_bytes"] / (16 * 2**9)
+    assert "bytes per input edge" in proc.stdout
+
+
+@pytest.mark.reliability("bad_input")
+def test_bench_graph_without_gap_binaries_is_a_one_line_error(tmp_path):
+    from launching import hpcpar
+
+    proc = hpcpar("bench", "graph", "--scales", "8", "--gap-binary", str(tmp_path))
+    assert proc.returncode == 2 and "no executable" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
