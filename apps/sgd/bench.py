@@ -94,7 +94,8 @@ def _torch_group(comm: Any) -> Any:
     """Start torch.distributed (gloo) over the job's ranks; ``None`` without torch.
 
     The rendezvous address and gloo's interface are chosen from the ranks' own IPv4
-    interfaces: the loopback where every rank is on one host, else rank 0's address on
+    interfaces: the loopback where every rank sees the same addresses (one host, one
+    network namespace), else rank 0's address on
     the subnet the others share with it (so virtual nodes, whose host names resolve
     nowhere, work too).
     """
@@ -110,7 +111,8 @@ def _torch_group(comm: Any) -> Any:
 
     mine = _ipv4_interfaces()
     every = comm.allgather((socket.gethostname(), mine))
-    if len({host for host, _ in every}) == 1:
+    outside = {frozenset(ip for _, ip in addrs if not ip.startswith("127.")) for _, addrs in every}
+    if len(outside) == 1:  # one host (one network namespace): its loopback
         address, interface = "127.0.0.1", _loopback(mine)
     else:
         theirs = [ip for _, addrs in every[1:] for _, ip in addrs if not ip.startswith("127.")]
@@ -128,6 +130,9 @@ def _torch_group(comm: Any) -> Any:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
     if interface:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+    if comm.Get_rank() == 0:
+        print(f"# gloo: rendezvous at {address}:{port}, interface "
+              f"{os.environ.get('GLOO_SOCKET_IFNAME', 'chosen by gloo')}", flush=True)  # fmt: skip
     dist.init_process_group(
         "gloo", rank=comm.Get_rank(), world_size=comm.Get_size(), timeout=timedelta(seconds=120)
     )
