@@ -296,31 +296,3 @@ def test_the_command_run_again_inside_the_cluster_keeps_its_own_options():
     argv = ["/x/hpcpar", "bench", "sgd", "--vcluster", "2x1", "--model", "mlp", "--link=1us,1gbit",
             "--output", "o", "--distribution", "cyclic", "--epochs", "1"]  # fmt: skip
     assert _own_arguments(argv, "sgd") == ["--model", "mlp", "--epochs", "1"]
-
-
-@needs_namespaces
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_bench_sgd_on_the_vcluster_in_one_command(tmp_path):
-    """``bench sgd --vcluster 2x1``: one rank per virtual node, gloo on the node's link,
-    the communication thread on (a rank alone on its node has a core to spare)."""
-    import json
-
-    pytest.importorskip("torch", reason="the torch variants need torch (pip install torch)")
-    hpcpar("vcluster", "down")
-    out = tmp_path / "sgd"
-    proc = hpcpar(
-        "bench", "sgd", "--vcluster", "2x1", "--link", "20us,1gbit", "--modes", "sync",
-        "--hidden", "8", "--epochs", "1", "--repeats", "1", "--output", str(out), timeout=560,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert leftovers() == []
-    rows = {
-        row["variant"]: row for row in json.loads((tmp_path / "sgd.json").read_text())["results"]
-    }
-    assert {"hpcpar-sync", "torch-ddp-gloo", "torch-hpcpar", "torch-hpcpar-zero"} <= set(rows)
-    assert all(row["valid"] and row["ranks"] in (1, 2) for row in rows.values())
-    assert rows["torch-hpcpar"]["threaded"] and "overlap" in rows["torch-hpcpar"]
-    accuracy = [rows[v]["final_test_accuracy"] for v in ("torch-hpcpar", "torch-ddp-gloo")]
-    assert abs(accuracy[0] - accuracy[1]) <= 0.01  # the same network, weights and batches
-    assert (tmp_path / "sgd-profile.json").exists()
