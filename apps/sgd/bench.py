@@ -110,13 +110,13 @@ def _torch_group(comm: Any) -> Any:
     from hpcpar.errors import UsageError
 
     mine = _ipv4_interfaces()
-    every = comm.allgather((socket.gethostname(), mine))
-    outside = {frozenset(ip for _, ip in addrs if not ip.startswith("127.")) for _, addrs in every}
+    every = comm.allgather(mine)
+    outside = {frozenset(ip for _, ip in addrs if not ip.startswith("127.")) for addrs in every}
     if len(outside) == 1:  # one host (one network namespace): its loopback
         address, interface = "127.0.0.1", _loopback(mine)
     else:
-        theirs = [ip for _, addrs in every[1:] for _, ip in addrs if not ip.startswith("127.")]
-        ours = [a for a in every[0][1] if not a[1].startswith("127.")]
+        theirs = [ip for addrs in every[1:] for _, ip in addrs if not ip.startswith("127.")]
+        ours = [a for a in every[0] if not a[1].startswith("127.")]
         if not ours or not theirs:
             raise UsageError("bench sgd: the ranks' hosts have no IPv4 address for gloo")
         address = max(ours, key=lambda a: max(_common_bits(a[1], t) for t in theirs))[1]
