@@ -169,6 +169,12 @@ class DistGraph:
             at += c
         return np.concatenate(out)
 
+    def linked(self) -> np.ndarray:
+        """The owned vertices (local indices) with at least one edge, computed once."""
+        if getattr(self, "_linked", None) is None:
+            self._linked = np.flatnonzero(self.degree > 0)
+        return self._linked
+
     def row_sizes(self) -> list[int]:
         """Vertices owned by each member of this rank's grid row, in row order."""
         g = self.grid

@@ -9,7 +9,20 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["counting_order", "td_expand", "bu_scan", "bitmap", "relax", "claim", "improve"]
+__all__ = [
+    "counting_order",
+    "td_expand",
+    "bu_scan",
+    "bitmap",
+    "relax",
+    "claim",
+    "improve",
+    "td_route",
+    "claim_packed",
+    "bu_step",
+    "frontier_bits",
+    "join_bits",
+]
 
 
 @njit(cache=True)
@@ -144,3 +157,156 @@ def improve(dist, parent, local, cand, par, mark):
     for t in range(k):
         mark[out[t]] = False
     return out[:k]
+
+
+# ---- 1 x P grids: a rank holds its own vertices' whole adjacency ----------------------
+# Candidates travel packed, (vertex << 32) | parent, one int64 each (n < 2^31 there).
+
+
+@njit(cache=True)
+def _slot_of(bounds, v):
+    """The slot s with bounds[s] <= v < bounds[s + 1] (``searchsorted(.., 'right') - 1``)."""
+    lo, hi = 0, bounds.size - 1
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if bounds[mid] <= v:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
+def td_route(indptr, adj, frontier, lo, parent, seen, bounds, me):
+    """Top-down on a 1 x P grid: packed candidates grouped by owner slot, and the counts.
+
+    ``frontier`` holds owned (local) vertices; ``adj`` global ids; ``seen`` is a bitmap
+    over all vertices of the candidates already sent (and the visited vertices this rank
+    knows of); an owned neighbour (slot ``me``) is checked against ``parent`` directly.
+    """
+    one, three, seven = np.uint64(1), np.uint64(3), np.uint64(7)
+    slots = bounds.size - 1
+    hi = lo + parent.size
+    total = 0
+    for c in frontier:
+        total += indptr[c + 1] - indptr[c]
+    cand = np.empty(total, dtype=np.int64)
+    owner = np.empty(total, dtype=np.int32)
+    counts = np.zeros(slots, dtype=np.int64)
+    k = 0
+    for t in range(frontier.size):
+        c = np.uint64(frontier[t])
+        p = np.int64(c) + lo
+        e, stop = np.uint64(indptr[c]), np.uint64(indptr[c + one])
+        while e < stop:
+            v = np.uint64(adj[e])
+            e += one
+            byte, bit = v >> three, np.uint8(one << (v & seven))
+            if seen[byte] & bit:
+                continue
+            seen[byte] |= bit
+            w = np.int64(v)
+            if lo <= w < hi:
+                if parent[w - lo] >= 0:
+                    continue
+                s = me
+            else:
+                s = _slot_of(bounds, w)
+            cand[k] = (w << 32) | p
+            owner[k] = s
+            counts[s] += 1
+            k += 1
+    start = np.zeros(slots, dtype=np.int64)
+    for s in range(1, slots):
+        start[s] = start[s - 1] + counts[s - 1]
+    out = np.empty(k, dtype=np.int64)
+    for t in range(k):
+        s = owner[t]
+        out[start[s]] = cand[t]
+        start[s] += 1
+    return out, counts
+
+
+@njit(cache=True)
+def claim_packed(parent, got, lo, degree):
+    """First packed candidate wins; the newly visited (local) and their degree sum."""
+    out = np.empty(got.size, dtype=np.int64)
+    low = np.int64(0xFFFFFFFF)
+    k = 0
+    edges = 0
+    for t in range(got.size):
+        x = got[t]
+        v = (x >> 32) - lo
+        if parent[v] < 0:
+            parent[v] = x & low
+            out[k] = v
+            edges += degree[v]
+            k += 1
+    return out[:k], edges
+
+
+@njit(cache=True)
+def bu_step(indptr, adj, parent, todo, count, front, degree):
+    """Bottom-up on a 1 x P grid: vertices of ``todo[:count]`` find frontier parents.
+
+    Every unvisited vertex of ``todo[:count]`` (owned, local) takes its first neighbour in
+    the frontier bitmap ``front`` (over all vertices) as parent. Returns the newly visited
+    and their degree sum, as ``claim_packed`` does, and how many stay unvisited: they are
+    moved to the front of ``todo``, so each level scans only the vertices the previous
+    one left.
+    """
+    one, three, seven = np.uint64(1), np.uint64(3), np.uint64(7)
+    out = np.empty(count, dtype=np.int64)
+    k = 0
+    left = 0
+    edges = 0
+    for t in range(count):
+        c = np.uint64(todo[t])
+        if parent[c] >= 0:
+            continue
+        e, stop = np.uint64(indptr[c]), np.uint64(indptr[c + one])
+        while e < stop:
+            v = np.uint64(adj[e])
+            if (front[v >> three] >> (v & seven)) & one:
+                parent[c] = np.int64(v)
+                out[k] = np.int64(c)
+                edges += degree[c]
+                k += 1
+                break
+            e += one
+        else:
+            todo[left] = np.int64(c)
+            left += 1
+    return out[:k], edges, left
+
+
+@njit(cache=True)
+def frontier_bits(frontier, size):
+    """The local ``frontier`` as a bitmap of ``size`` vertices (``bitmap``'s layout)."""
+    out = np.zeros((size + 7) >> 3, dtype=np.uint8)
+    for c in frontier:
+        out[c >> 3] |= np.uint8(1 << (c & 7))
+    return out
+
+
+@njit(cache=True)
+def join_bits(got, sizes, into):
+    """OR members' bitmaps into one over their concatenated vertex ranges.
+
+    ``got`` holds the members' bitmaps back to back, each whole bytes; ``into`` receives
+    the result (and may already hold bits).
+    """
+    at = 0  # byte of got
+    base = 0  # first vertex of this member
+    for s in sizes:
+        nbytes = (s + 7) >> 3
+        shift = base & 7
+        first = base >> 3
+        for b in range(nbytes):
+            x = np.uint16(got[at + b]) << shift
+            into[first + b] |= np.uint8(x & 0xFF)
+            if x >> 8:
+                into[first + b + 1] |= np.uint8(x >> 8)
+        at += nbytes
+        base += s
+    return into

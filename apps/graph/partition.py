@@ -181,19 +181,33 @@ class Exchange:
             return self._through_leaders(dest, rows)
         return self._flat(self.h, dest, rows, self.node_of)
 
+    def grouped(self, rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Like calling the exchange, for ``rows`` already grouped by member.
+
+        ``counts[m]`` rows for member m, in member order: nothing is sorted.
+        """
+        if self.hier:
+            return self._through_leaders(np.repeat(np.arange(self.size), counts), rows)
+        return self._send(self.h, rows, counts, self.node_of)
+
     def _flat(self, h: Hierarchy, dest: np.ndarray, rows: np.ndarray,
               node_of: np.ndarray) -> np.ndarray:  # fmt: skip
-        width, size, me = rows.shape[1], h.size, h.rank
-        if size == 1:  # to this rank alone: nothing to sort or send
+        if h.size == 1:  # to this rank alone: nothing to sort or send
             return rows
-        counts = np.bincount(dest, minlength=size)
-        order = np.argsort(dest, kind="stable")
+        counts = np.bincount(dest, minlength=h.size)
+        return self._send(h, rows[np.argsort(dest, kind="stable")], counts, node_of)
+
+    def _send(self, h: Hierarchy, rows: np.ndarray, counts: np.ndarray,
+              node_of: np.ndarray) -> np.ndarray:  # fmt: skip
+        width, me = rows.shape[1], h.rank
+        if h.size == 1:
+            return rows
         nbytes = counts * width * 8
         same = node_of == node_of[me]
         self.intra += int(nbytes[same].sum() - nbytes[me])
         self.inter += int(nbytes[~same].sum())
         self.messages_inter += int(np.count_nonzero(counts[~same]))
-        got, _ = alltoallv(rows[order].reshape(-1), (counts * width).tolist(), comm=h)
+        got, _ = alltoallv(rows.reshape(-1), (counts * width).tolist(), comm=h)
         return got.reshape(-1, width)
 
     def _labelled(self, h: Hierarchy, dest: np.ndarray, label: np.ndarray, rows: np.ndarray,

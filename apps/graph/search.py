@@ -23,8 +23,22 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
+from hpcpar.collectives import allgather
+
 from .graph import DistGraph
-from .kernels import bitmap, bu_scan, claim, improve, relax, td_expand
+from .kernels import (
+    bitmap,
+    bu_scan,
+    bu_step,
+    claim,
+    claim_packed,
+    frontier_bits,  # fmt: skip
+    improve,
+    join_bits,
+    relax,
+    td_expand,
+    td_route,
+)
 from .kronecker import GraphError
 
 __all__ = ["bfs", "sssp", "SearchResult"]
@@ -62,6 +76,8 @@ def bfs(g: DistGraph, root: int, *, direction: str = "auto", alpha: float = 14.0
     if direction not in ("auto", "top-down", "bottom-up"):
         raise GraphError(f"direction must be auto, top-down or bottom-up, not {direction!r}")
     _check_root(g, root)
+    if g.grid.rows == 1 and g.n < 1 << 31:
+        return _bfs_row(g, root, direction, alpha, beta)
     grid, lo = g.grid, g.grid.lo
     parent = np.full(g.own, -1, dtype=np.int64)
     frontier = np.empty(0, dtype=np.int64)
@@ -99,6 +115,67 @@ def bfs(g: DistGraph, root: int, *, direction: str = "auto", alpha: float = 14.0
         frontier = claim(parent, got[:, 0] - lo, got[:, 1])
         deg = g.degree[frontier]
         totals[:] = (frontier.size, -int(deg.sum()), int(deg.sum()))
+        g.comm.Allreduce(MPI.IN_PLACE, totals)
+        previous = n_f
+        n_f, m_u, m_f = int(totals[0]), m_u + int(totals[1]), int(totals[2])
+    return SearchResult(root, parent, levels=levels)
+
+
+def _bfs_row(g: DistGraph, root: int, direction: str, alpha: float,
+             beta: float) -> SearchResult:  # fmt: skip
+    """``bfs`` on a 1 x P grid, where a rank holds its own vertices' whole adjacency.
+
+    A level is one compiled kernel, one exchange and one small allreduce. Top-down sends
+    candidates packed, (vertex << 32) | parent, grouped by owner in the kernel; bottom-up
+    gathers the frontier as a bitmap over all vertices (each rank's bits, whole bytes)
+    and every rank sets its own unvisited vertices' parents directly, scanning only the
+    vertices with edges that earlier bottom-up levels left unvisited. Vertices in gathered
+    frontiers join the ``seen`` bitmap, so later top-down levels do not send them again.
+    """
+    grid, lo = g.grid, g.grid.lo
+    bounds = np.ascontiguousarray(grid.bounds, dtype=np.int64)
+    sizes = np.diff(bounds)
+    nbytes = [int(-(-s // 8)) for s in sizes]
+    aligned = all(s % 8 == 0 for s in sizes[:-1])
+    parent = np.full(g.own, -1, dtype=np.int64)
+    frontier = np.empty(0, dtype=np.int64)
+    seen = np.zeros((g.n + 7) >> 3, dtype=np.uint8)
+    seen[root >> 3] |= np.uint8(1 << (root & 7))
+    if lo <= root < grid.hi:
+        parent[root - lo] = root
+        frontier = np.array([root - lo], dtype=np.int64)
+    totals = np.array([1, int(g.degree.sum()), 0], dtype=np.int64)  # n_f, m_u, m_f
+    g.comm.Allreduce(MPI.IN_PLACE, totals)
+    n_f, m_u = int(totals[0]), int(totals[1])
+    m_f, previous, top_down, levels = 0, 0, direction != "bottom-up", []
+    todo, left = None, 0  # owned vertices bottom-up still has to find
+    while n_f > 0:
+        if direction == "auto":
+            if top_down and m_f > m_u / alpha:
+                top_down = False
+            elif not top_down and n_f < g.n / beta and n_f < previous:
+                top_down = True
+        levels.append("td" if top_down else "bu")
+        if top_down:
+            cand, counts = td_route(g.indptr, g.adj, frontier, lo, parent, seen, bounds,
+                                    grid.slot)  # fmt: skip
+            got = g.row_x.grouped(cand[:, None], counts)
+            frontier, edges = claim_packed(parent, got[:, 0], lo, g.degree)
+        else:
+            mine = frontier_bits(frontier, g.own)
+            got = allgather(mine, counts=nbytes, comm=g.row_h) if g.row_h.size > 1 else mine
+            if aligned:
+                front = got
+                seen[: front.size] |= front
+            else:
+                front = join_bits(got, sizes, np.zeros_like(seen))
+                seen |= front
+            if todo is None:
+                todo = g.linked().copy()
+                left = todo.size
+            frontier, edges, left = bu_step(g.indptr, g.adj, parent, todo, left, front,
+                                            g.degree)  # fmt: skip
+        totals[:] = (frontier.size, -edges, edges)
         g.comm.Allreduce(MPI.IN_PLACE, totals)
         previous = n_f
         n_f, m_u, m_f = int(totals[0]), m_u + int(totals[1]), int(totals[2])

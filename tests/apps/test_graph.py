@@ -26,6 +26,20 @@ def comm():
     return hpcpar.default_comm()
 
 
+@pytest.mark.parametrize("sizes", [[16, 8, 3], [13, 6, 21], [1, 0, 9, 7], [30, 30, 30]])
+def test_joined_bitmaps_are_the_concatenated_masks(sizes):
+    from hpcpar.apps.graph.kernels import bitmap, frontier_bits, join_bits
+
+    rng = np.random.default_rng(len(sizes) + sum(sizes))
+    masks = [rng.random(s) < 0.5 for s in sizes]
+    got = np.concatenate([frontier_bits(np.flatnonzero(m), m.size) for m in masks])
+    whole = np.concatenate(masks)
+    joined = join_bits(
+        got, np.array(sizes, dtype=np.int64), np.zeros(-(-whole.size // 8), np.uint8)
+    )
+    assert np.array_equal(joined, bitmap(whole))
+
+
 def test_statistics_are_the_reference_implementations():
     x = [5.0, 1.0, 4.0, 2.0, 3.0, 9.0]
     s = statistics(x)
