@@ -20,7 +20,7 @@ from hpcpar.collectives import allgather, alltoallv
 from hpcpar.runtime.comm import resolve_comm
 from hpcpar.topology import Hierarchy
 
-from .kernels import counting_order
+from .kernels import scatter_rows, sort_segments
 from .kronecker import EdgeList, GraphError
 from .partition import PARTITIONS, Exchange, Grid, edge_balanced_bounds, grid_shape
 
@@ -108,8 +108,18 @@ class DistGraph:
         return self
 
     def _distribute(self, edges: EdgeList) -> None:
+        """Route both directions of every edge to the rank storing it, then build the CSR.
+
+        Each chunk received is narrowed at once (column-local source and row-local target
+        as int32 where they fit, weight as float64) and freed as it is scattered into the
+        CSR, so the peak is about the narrowed pairs plus the CSR.
+        """
         g = self.grid
-        parts_u, parts_v, parts_w = [], [], []
+        col_type = np.int32 if g.col_size < 1 << 31 else np.int64
+        # row-block-local targets: 4 bytes each while the row block has under 2^31 vertices
+        row_type = np.int32 if g.row_hi - g.row_lo < 1 << 31 else np.int64
+        parts = []
+        counts = np.zeros(g.col_size, dtype=np.int64)
         rounds = max(1, -(-int(self.comm.allreduce(edges.src.size, op=MPI.MAX)) // _CHUNK))
         for k in range(rounds):
             a = edges.src[k * _CHUNK : (k + 1) * _CHUNK]
@@ -117,26 +127,27 @@ class DistGraph:
             w = edges.weight[k * _CHUNK : (k + 1) * _CHUNK]
             keep = a != b
             a, b, w = a[keep], b[keep], w[keep]
-            u = np.concatenate([a, b])
-            v = np.concatenate([b, a])
-            ww = np.concatenate([w, w])
+            u, v = np.concatenate([a, b]), np.concatenate([b, a])
             su, sv = g.owner_slot(u), g.owner_slot(v)
             dest = g.slot_rank[(sv // g.cols) * g.cols + su % g.cols]
-            got = self.world_x(dest, np.stack([u, v, ww.view(np.int64)], axis=1))
-            parts_u.append(got[:, 0])
-            parts_v.append(got[:, 1])
-            parts_w.append(got[:, 2].view(np.float64))
-        u, v, w = np.concatenate(parts_u), np.concatenate(parts_v), np.concatenate(parts_w)
-        ucol = g.to_col(u)
-        by_weight = np.argsort(w, kind="stable")
-        counts = np.bincount(ucol, minlength=g.col_size)
+            rows = np.stack([u, v, np.concatenate([w, w]).view(np.int64)], axis=1)
+            del a, b, w, u, v, su, sv
+            got = self.world_x(dest, rows)
+            del rows, dest
+            ucol = g.to_col(got[:, 0]).astype(col_type)
+            parts.append(
+                (ucol, (got[:, 1] - g.row_lo).astype(row_type), got[:, 2].view(np.float64).copy())
+            )
+            counts += np.bincount(ucol, minlength=g.col_size)
+            del got
         self.indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        order = by_weight[counts_order(ucol[by_weight], self.indptr)]
-        # row-block-local indices: 4 bytes each while the row block has under 2^31 vertices
-        small = g.row_hi - g.row_lo < 1 << 31
-        self.adj = (v[order] - g.row_lo).astype(np.int32 if small else np.int64)
-        self.weight = np.ascontiguousarray(w[order])
-        partial = counts.astype(np.int64)
+        self.adj = np.empty(int(self.indptr[-1]), dtype=row_type)
+        self.weight = np.empty(int(self.indptr[-1]))
+        pos = self.indptr[:-1].copy()
+        while parts:  # in arrival order, each part freed once placed
+            scatter_rows(*parts.pop(0), pos, self.adj, self.weight)
+        sort_segments(self.indptr, self.adj, self.weight)
+        partial = counts
         if self.col_comm.Get_size() > 1:
             self.col_comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)
         start = g.own_in_col()
@@ -239,10 +250,6 @@ class DistGraph:
             h.free()
         for c in (self.row_comm, self.col_comm, self.comm):
             c.Free()
-
-
-def counts_order(keys: np.ndarray, indptr: np.ndarray) -> np.ndarray:
-    return counting_order(np.ascontiguousarray(keys, dtype=np.int64), indptr)
 
 
 def _check_ids(edges: EdgeList) -> None:

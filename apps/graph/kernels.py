@@ -10,7 +10,8 @@ import numpy as np
 from numba import njit
 
 __all__ = [
-    "counting_order",
+    "scatter_rows",
+    "sort_segments",
     "td_expand",
     "bu_scan",
     "bitmap",
@@ -26,15 +27,37 @@ __all__ = [
 
 
 @njit(cache=True)
-def counting_order(keys: np.ndarray, indptr: np.ndarray) -> np.ndarray:
-    """Stable counting sort: positions of ``keys`` grouped by key (``indptr`` from bincount)."""
-    pos = indptr[:-1].copy()
-    out = np.empty(keys.size, dtype=np.int64)
-    for k in range(keys.size):
-        key = keys[k]
-        out[pos[key]] = k
-        pos[key] += 1
-    return out
+def scatter_rows(ucol, vloc, w, pos, adj, weight):
+    """Counting-sort step: entry k goes to ``adj``/``weight`` at ``pos[ucol[k]]``.
+
+    ``pos`` starts as the CSR row starts and advances, keeping arrival order within a row.
+    """
+    for k in range(ucol.size):
+        r = ucol[k]
+        at = pos[r]
+        adj[at] = vloc[k]
+        weight[at] = w[k]
+        pos[r] = at + 1
+
+
+@njit(cache=True)
+def sort_segments(indptr, adj, weight):
+    """Sort each CSR row by weight, stably (ties keep their order), in place."""
+    for r in range(indptr.size - 1):
+        a, b = indptr[r], indptr[r + 1]
+        if b - a < 2:
+            continue
+        seg = weight[a:b]
+        ordered = True
+        for k in range(1, b - a):
+            if seg[k] < seg[k - 1]:
+                ordered = False
+                break
+        if ordered:
+            continue
+        order = np.argsort(seg, kind="mergesort")
+        adj[a:b] = adj[a:b][order]
+        weight[a:b] = seg[order]
 
 
 @njit(cache=True)

@@ -112,6 +112,26 @@ def test_bfs_and_sssp_match_scipy_and_validate(comm, partition, layout):
         g.free()
 
 
+@pytest.mark.parametrize("partition", PARTITIONS)
+def test_every_rank_stores_its_edges_in_rows_sorted_by_weight(comm, partition):
+    """The CSR of all ranks together holds each non-loop edge in both directions, once
+    each, duplicates included, and every row is sorted by weight."""
+    src, dst, w, n = _awkward_graph()
+    g = DistGraph.build(_slice(src, dst, w, n, comm), comm=comm, partition=partition)
+    rows = g.grid.from_col(np.repeat(np.arange(g.indptr.size - 1), np.diff(g.indptr)))
+    mine = np.stack([rows, g.adj + g.grid.row_lo, g.weight.view(np.int64)], axis=1)
+    runs = np.split(g.weight, g.indptr[1:-1])
+    assert_all(all(np.all(np.diff(r) >= 0) for r in runs), "a row out of weight order", comm)
+    held = np.concatenate(comm.allgather(mine))
+    keep = src != dst
+    want = np.stack([np.concatenate([src[keep], dst[keep]]), np.concatenate([dst[keep], src[keep]]),
+                     np.concatenate([w[keep], w[keep]]).view(np.int64)], axis=1)  # fmt: skip
+    for a, b in zip(np.unique(held, axis=0, return_counts=True),
+                    np.unique(want, axis=0, return_counts=True), strict=True):  # fmt: skip
+        assert_equal_all(a, b, comm)
+    g.free()
+
+
 def test_the_2d_grid_and_uneven_grids(comm):
     size = comm.Get_size()
     edges = kronecker(7, 8, seed=9, part=comm.Get_rank(), parts=size)
