@@ -20,6 +20,7 @@ component), which TEPS divides by the search time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -28,6 +29,8 @@ from .graph import DistGraph
 from .kronecker import EdgeList, GraphError
 
 __all__ = ["ValidationError", "Validation", "validate"]
+
+_CHUNK = 1 << 22  # input edges checked per round of lookups
 
 _RULES = (
     "parent out of range",
@@ -85,6 +88,30 @@ def _triangle(la: np.ndarray, lb: np.ndarray, dist: tuple[np.ndarray, np.ndarray
         return violates, np.abs(db - (da + w)) <= tol, np.abs(da - (db + w)) <= tol
 
 
+def _check_edges(g: DistGraph, values: list[np.ndarray], a: np.ndarray, b: np.ndarray,
+                 w: np.ndarray, rtol: float, flag: Any, confirmed: np.ndarray) -> int:  # fmt: skip
+    """Rules 3 and 4 on the edges (a, b, w); marks the vertices they confirm (rule 5).
+
+    Collective. Returns the count of those edges with an end reached.
+    """
+    got = g.lookup(values, np.concatenate([a, b]))
+    pa, pb = got[0][: a.size], got[0][a.size :]
+    la, lb = got[1][: a.size], got[1][a.size :]
+    reached_a, reached_b = pa >= 0, pb >= 0
+    mixed = np.flatnonzero(reached_a != reached_b)
+    if mixed.size:
+        flag(_RULES[3], mixed, f"edge {a[mixed[0]]}-{b[mixed[0]]}")
+    both = reached_a & reached_b
+    far = None if len(values) < 3 else (got[2][: a.size], got[2][a.size :])
+    violates, step_ab, step_ba = _triangle(la, lb, far, w, both, rtol)
+    bad = np.flatnonzero(violates)
+    if bad.size:
+        flag(_RULES[4], bad, f"edge {a[bad[0]]}-{b[bad[0]]}")
+    confirm = np.concatenate([b[both & (pb == a) & step_ab], a[both & (pa == b) & step_ba]])
+    confirmed[g.send_to_owner(confirm)] = True
+    return int(np.count_nonzero(reached_a | reached_b))
+
+
 def validate(g: DistGraph, edges: EdgeList, root: int, parent: np.ndarray,
              dist: np.ndarray | None = None, *, rtol: float = 1e-9) -> Validation:  # fmt: skip
     """Check a BFS (``dist=None``) or SSSP result (collective); never raises on a bad result."""
@@ -108,26 +135,15 @@ def validate(g: DistGraph, edges: EdgeList, root: int, parent: np.ndarray,
         flag(_RULES[1], np.flatnonzero([bad_root]), f"root {root}")
     level, cyclic = _levels(g, parent, root)
     flag(_RULES[2], np.arange(cyclic), f"{cyclic} vertices on rank {g.comm.Get_rank()}")
-    keep = edges.src != edges.dst
-    a, b, w = edges.src[keep], edges.dst[keep], edges.weight[keep]
-    values = [parent, level] if dist is None else [parent, level, dist]
-    got = g.lookup(values, np.concatenate([a, b]))
-    pa, pb = got[0][: a.size], got[0][a.size :]
-    la, lb = got[1][: a.size], got[1][a.size :]
-    reached_a, reached_b = pa >= 0, pb >= 0
-    traversed = int(np.count_nonzero(reached_a | reached_b))
-    mixed = np.flatnonzero(reached_a != reached_b)
-    if mixed.size:
-        flag(_RULES[3], mixed, f"edge {a[mixed[0]]}-{b[mixed[0]]}")
-    both = reached_a & reached_b
-    far = None if dist is None else (got[2][: a.size], got[2][a.size :])
-    violates, step_ab, step_ba = _triangle(la, lb, far, w, both, rtol)
-    bad = np.flatnonzero(violates)
-    if bad.size:
-        flag(_RULES[4], bad, f"edge {a[bad[0]]}-{b[bad[0]]}")
-    confirm = np.concatenate([b[both & (pb == a) & step_ab], a[both & (pa == b) & step_ba]])
     confirmed = np.zeros(g.own, dtype=bool)
-    confirmed[g.send_to_owner(confirm)] = True
+    traversed = 0
+    values = [parent, level] if dist is None else [parent, level, dist]
+    rounds = max(1, -(-int(g.comm.allreduce(edges.src.size, op=MPI.MAX)) // _CHUNK))
+    for k in range(rounds):  # bounded memory: a chunk of the edge list at a time
+        part = slice(k * _CHUNK, (k + 1) * _CHUNK)
+        a, b, w = edges.src[part], edges.dst[part], edges.weight[part]
+        keep = a != b
+        traversed += _check_edges(g, values, a[keep], b[keep], w[keep], rtol, flag, confirmed)
     if lo <= root < g.grid.hi:
         confirmed[root - lo] = True
     unconfirmed = np.flatnonzero((parent >= 0) & ~confirmed & (level >= 0))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from hpcpar.apps.graph import EdgeList, GraphError, kronecker
+from hpcpar.apps.graph import validate as validate_module
 from hpcpar.apps.graph.graph import DistGraph
 from hpcpar.apps.graph.search import bfs, sssp
 from hpcpar.apps.graph.validate import validate
@@ -166,14 +167,19 @@ def _victim(parent, g, root, pick=0):
     return int(ok[pick])
 
 
+@pytest.mark.parametrize("chunk", [None, 13])  # 13: many rounds, a different count per rank
 @pytest.mark.parametrize("partition", ["1d-vertex", "2d"])
-def test_the_validator_catches_each_kind_of_wrong_answer(comm, partition):
+def test_the_validator_catches_each_kind_of_wrong_answer(comm, partition, chunk, monkeypatch):
+    if chunk:
+        monkeypatch.setattr(validate_module, "_CHUNK", chunk)
     src, dst, w, n = _awkward_graph()
     edges = _slice(src, dst, w, n, comm)
     g = DistGraph.build(edges, comm=comm, partition=partition)
     root = 50  # the path 50-59 gives vertices two and more levels deep
     found = bfs(g, root)
     lo = g.grid.lo
+    check = validate(g, edges, root, found.parent)
+    assert_all(check.ok and check.traversed_edges == found.traversed_edges(g), "", comm)
 
     def missed(p, d):
         p[_victim(p, g, root, -1)] = -1
