@@ -27,9 +27,10 @@ from .validate import ValidationError, validate
 __all__ = ["RunResult", "run", "statistics", "harmonic_teps", "output_block", "search_keys",
            "check_memory", "BYTES_PER_EDGE"]  # fmt: skip
 
-# Peak bytes per input edge on the rank that holds it while building: the slice (24),
-# both directions routed (48 sent + 48 received), the CSR (32) and the sort's scratch.
-BYTES_PER_EDGE = 200
+# Peak bytes per input edge while generating, building and validating: the slice (24),
+# the CSR (both directions: 24 and offsets), the narrowed chunks awaiting placement (32)
+# and a chunk's routing and lookup buffers; ``hpcpar bench graph`` reports the peak.
+BYTES_PER_EDGE = 120
 
 
 @dataclass

@@ -9,7 +9,10 @@ block looks for its first neighbour in the frontier (numba, early exit, probing 
 frontier as a bitmap of one bit a vertex) and the finds are
 folded along the column. The switch follows Beamer et al.: top-down -> bottom-up when
 the frontier's edges exceed the unvisited vertices' edges / alpha, back when the frontier
-holds fewer than n / beta vertices and shrinks.
+holds fewer than n / beta vertices and shrinks. On a 1 x P grid (``_bfs_row``) a rank
+holds its vertices' whole adjacency, so a level is one kernel, one exchange and one
+allreduce: top-down candidates leave the kernel packed and grouped by owner; bottom-up,
+members' frontier bitmaps are allgathered and the kernel sets parents itself.
 
 SSSP is Meyer and Sanders' delta-stepping: buckets of width delta; light edges (w <
 delta) are relaxed until the current bucket stops changing, then heavy edges once.
