@@ -23,6 +23,8 @@ __all__ = [
     "bu_step",
     "frontier_bits",
     "join_bits",
+    "group_candidates",
+    "improve_packed",
 ]
 
 
@@ -333,3 +335,51 @@ def join_bits(got, sizes, into):
         at += nbytes
         base += s
     return into
+
+
+@njit(cache=True)
+def group_candidates(v, nd, p, bounds):
+    """SSSP candidates (global vertex, distance, parent) packed and grouped by owner slot.
+
+    Returns (m, 2) int64 rows, ``(vertex << 32) | parent`` and the distance's bits, and
+    the count of rows per slot.
+    """
+    low = np.int64(0xFFFFFFFF)
+    m = v.size
+    counts = np.zeros(bounds.size - 1, dtype=np.int64)
+    slot = np.empty(m, dtype=np.int64)
+    for j in range(m):
+        slot[j] = _slot_of(bounds, v[j])
+        counts[slot[j]] += 1
+    start = np.zeros(counts.size, dtype=np.int64)
+    for s in range(1, counts.size):
+        start[s] = start[s - 1] + counts[s - 1]
+    rows = np.empty((m, 2), dtype=np.int64)
+    bits = nd.view(np.int64)
+    for j in range(m):
+        k = start[slot[j]]
+        rows[k, 0] = (v[j] << 32) | (p[j] & low)
+        rows[k, 1] = bits[j]
+        start[slot[j]] = k + 1
+    return rows, counts
+
+
+@njit(cache=True)
+def improve_packed(dist, parent, rows, lo, mark):
+    """``improve`` for rows made by ``group_candidates`` (owned vertices, any order)."""
+    low = np.int64(0xFFFFFFFF)
+    out = np.empty(rows.shape[0], dtype=np.int64)
+    cand = rows[:, 1].copy().view(np.float64)
+    k = 0
+    for t in range(rows.shape[0]):
+        v = (rows[t, 0] >> 32) - lo
+        if cand[t] < dist[v]:
+            dist[v] = cand[t]
+            parent[v] = rows[t, 0] & low
+            if not mark[v]:
+                mark[v] = True
+                out[k] = v
+                k += 1
+    for t in range(k):
+        mark[out[t]] = False
+    return out[:k]

@@ -16,7 +16,8 @@ members' frontier bitmaps are allgathered and the kernel sets parents itself.
 
 SSSP is Meyer and Sanders' delta-stepping: buckets of width delta; light edges (w <
 delta) are relaxed until the current bucket stops changing, then heavy edges once.
-Relaxations travel like top-down candidates (gather along the column, fold along the row).
+Relaxations travel like top-down candidates (gather along the column, fold along the row);
+on a 1 x P grid a kernel packs them and groups them by owner, so nothing is sorted.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from .kernels import (
     claim,
     claim_packed,
     frontier_bits,  # fmt: skip
+    group_candidates,
     improve,
+    improve_packed,
     join_bits,
     relax,
     td_expand,
@@ -206,6 +209,8 @@ def sssp(g: DistGraph, root: int, *, delta: float = 0.1) -> SearchResult:
     if grid.row_lo <= root < grid.row_hi:
         best[root - grid.row_lo] = 0.0
     rounds = 0
+    packed = grid.rows == 1 and g.n < 1 << 31  # candidates fit (vertex << 32) | parent
+    bounds = np.ascontiguousarray(grid.bounds, dtype=np.int64)
 
     def step(active: np.ndarray, light: bool) -> np.ndarray:
         nonlocal rounds
@@ -215,6 +220,9 @@ def sssp(g: DistGraph, root: int, *, delta: float = 0.1) -> SearchResult:
         v, nd, p = relax(g.indptr, g.adj, g.weight, grid.to_col(glob), d, glob, light,
                          delta, best)  # fmt: skip
         v += grid.row_lo
+        if packed:  # one kernel groups them by owner: nothing to sort
+            rows, counts = group_candidates(v, nd, p, bounds)
+            return improve_packed(dist, parent, g.row_x.grouped(rows, counts), lo, mark)
         rows = np.stack([v, nd.view(np.int64), p], axis=1)
         got = g.row_x(grid.owner_slot(v) - grid.i * grid.cols, rows)
         return improve(dist, parent, got[:, 0] - lo, got[:, 1].view(np.float64), got[:, 2], mark)
