@@ -65,9 +65,7 @@ def sort_segments(indptr, adj, weight):
 @njit(cache=True)
 def td_expand(indptr, adj, cols, globs, seen):
     """Top-down: neighbours of frontier vertices not yet sent, with the frontier parent."""
-    total = 0
-    for c in cols:
-        total += indptr[c + 1] - indptr[c]
+    total = _edges_of(indptr, cols)
     out_v = np.empty(total, dtype=np.int64)
     out_p = np.empty(total, dtype=np.int64)
     k = 0
@@ -115,6 +113,15 @@ def bitmap(mask: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True)
+def _edges_of(indptr, cols):
+    """The adjacency entries of CSR rows ``cols``, counted."""
+    total = 0
+    for c in cols:
+        total += indptr[c + 1] - indptr[c]
+    return total
+
+
+@njit(cache=True)
 def relax(indptr, adj, weight, cols, dist, globs, light, delta, best):
     """Delta-stepping: tentative distances over light (w < delta) or heavy edges.
 
@@ -124,9 +131,7 @@ def relax(indptr, adj, weight, cols, dist, globs, light, delta, best):
     unsigned, so numba adds no negative-index check to the loops.
     """
     one = np.uint64(1)
-    total = 0
-    for c in cols:
-        total += indptr[c + 1] - indptr[c]
+    total = _edges_of(indptr, cols)
     out_v = np.empty(total, dtype=np.int64)
     out_d = np.empty(total, dtype=np.float64)
     out_p = np.empty(total, dtype=np.int64)
@@ -212,9 +217,7 @@ def td_route(indptr, adj, frontier, lo, parent, seen, bounds, me):
     one, three, seven = np.uint64(1), np.uint64(3), np.uint64(7)
     slots = bounds.size - 1
     hi = lo + parent.size
-    total = 0
-    for c in frontier:
-        total += indptr[c + 1] - indptr[c]
+    total = _edges_of(indptr, frontier)
     cand = np.empty(total, dtype=np.int64)
     owner = np.empty(total, dtype=np.int32)
     counts = np.zeros(slots, dtype=np.int64)
@@ -367,19 +370,6 @@ def group_candidates(v, nd, p, bounds):
 @njit(cache=True)
 def improve_packed(dist, parent, rows, lo, mark):
     """``improve`` for rows made by ``group_candidates`` (owned vertices, any order)."""
-    low = np.int64(0xFFFFFFFF)
-    out = np.empty(rows.shape[0], dtype=np.int64)
-    cand = rows[:, 1].copy().view(np.float64)
-    k = 0
-    for t in range(rows.shape[0]):
-        v = (rows[t, 0] >> 32) - lo
-        if cand[t] < dist[v]:
-            dist[v] = cand[t]
-            parent[v] = rows[t, 0] & low
-            if not mark[v]:
-                mark[v] = True
-                out[k] = v
-                k += 1
-    for t in range(k):
-        mark[out[t]] = False
-    return out[:k]
+    local = (rows[:, 0] >> 32) - lo
+    par = rows[:, 0] & np.int64(0xFFFFFFFF)
+    return improve(dist, parent, local, rows[:, 1].copy().view(np.float64), par, mark)

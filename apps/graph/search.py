@@ -76,6 +76,17 @@ def _check_root(g: DistGraph, root: int) -> None:
                          f"vertices with at least one edge that is not a self-loop)")  # fmt: skip
 
 
+def _switch(direction: str, top_down: bool, n_f: int, m_f: int, m_u: int, previous: int,
+            n: int, alpha: float, beta: float) -> bool:  # fmt: skip
+    """Beamer's switch: whether the next level goes top-down (``direction`` "auto")."""
+    if direction == "auto":
+        if top_down and m_f > m_u / alpha:
+            return False
+        if not top_down and n_f < n / beta and n_f < previous:
+            return True
+    return top_down
+
+
 def bfs(g: DistGraph, root: int, *, direction: str = "auto", alpha: float = 14.0,
         beta: float = 24.0) -> SearchResult:  # fmt: skip
     """Breadth-first search from ``root`` (collective); ``direction``: auto, top-down, bottom-up."""
@@ -96,14 +107,10 @@ def bfs(g: DistGraph, root: int, *, direction: str = "auto", alpha: float = 14.0
     row_sizes, col_sizes = g.row_sizes(), g.col_sizes()
     totals = np.array([1, int(g.degree.sum()), 0], dtype=np.int64)  # n_f, m_u, m_f
     g.comm.Allreduce(MPI.IN_PLACE, totals)
-    n_f, m_u = int(totals[0]), int(totals[1])
-    m_f, previous, top_down, levels = 0, 0, direction != "bottom-up", []
+    n_f, m_u, m_f, previous = int(totals[0]), int(totals[1]), 0, 0
+    top_down, levels = direction != "bottom-up", []
     while n_f > 0:
-        if direction == "auto":
-            if top_down and m_f > m_u / alpha:
-                top_down = False
-            elif not top_down and n_f < g.n / beta and n_f < previous:
-                top_down = True
+        top_down = _switch(direction, top_down, n_f, m_f, m_u, previous, g.n, alpha, beta)
         levels.append("td" if top_down else "bu")
         if top_down:
             glob = g.gather_col(frontier + lo)
@@ -152,15 +159,11 @@ def _bfs_row(g: DistGraph, root: int, direction: str, alpha: float,
         frontier = np.array([root - lo], dtype=np.int64)
     totals = np.array([1, int(g.degree.sum()), 0], dtype=np.int64)  # n_f, m_u, m_f
     g.comm.Allreduce(MPI.IN_PLACE, totals)
-    n_f, m_u = int(totals[0]), int(totals[1])
-    m_f, previous, top_down, levels = 0, 0, direction != "bottom-up", []
+    n_f, m_u, m_f, previous = int(totals[0]), int(totals[1]), 0, 0
+    top_down, levels = direction != "bottom-up", []
     todo, left = None, 0  # owned vertices bottom-up still has to find
     while n_f > 0:
-        if direction == "auto":
-            if top_down and m_f > m_u / alpha:
-                top_down = False
-            elif not top_down and n_f < g.n / beta and n_f < previous:
-                top_down = True
+        top_down = _switch(direction, top_down, n_f, m_f, m_u, previous, g.n, alpha, beta)
         levels.append("td" if top_down else "bu")
         if top_down:
             cand, counts = td_route(g.indptr, g.adj, frontier, lo, parent, seen, bounds,
