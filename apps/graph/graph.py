@@ -24,7 +24,7 @@ from .kernels import scatter_rows, sort_segments
 from .kronecker import EdgeList, GraphError
 from .partition import PARTITIONS, Exchange, Grid, edge_balanced_bounds, grid_shape
 
-__all__ = ["DistGraph", "agree"]
+__all__ = ["DistGraph", "agree", "edge_chunks"]
 
 _CHUNK = 1 << 22  # edges routed per alltoallv while building
 
@@ -120,13 +120,7 @@ class DistGraph:
         row_type = np.int32 if g.row_hi - g.row_lo < 1 << 31 else np.int64
         parts = []
         counts = np.zeros(g.col_size, dtype=np.int64)
-        rounds = max(1, -(-int(self.comm.allreduce(edges.src.size, op=MPI.MAX)) // _CHUNK))
-        for k in range(rounds):
-            a = edges.src[k * _CHUNK : (k + 1) * _CHUNK]
-            b = edges.dst[k * _CHUNK : (k + 1) * _CHUNK]
-            w = edges.weight[k * _CHUNK : (k + 1) * _CHUNK]
-            keep = a != b
-            a, b, w = a[keep], b[keep], w[keep]
+        for a, b, w in edge_chunks(self.comm, edges, _CHUNK):
             u, v = np.concatenate([a, b]), np.concatenate([b, a])
             su, sv = g.owner_slot(u), g.owner_slot(v)
             dest = g.slot_rank[(sv // g.cols) * g.cols + su % g.cols]
@@ -147,11 +141,10 @@ class DistGraph:
         while parts:  # in arrival order, each part freed once placed
             scatter_rows(*parts.pop(0), pos, self.adj, self.weight)
         sort_segments(self.indptr, self.adj, self.weight)
-        partial = counts
-        if self.col_comm.Get_size() > 1:
-            self.col_comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)
+        if self.col_comm.Get_size() > 1:  # degrees: this column block's counts, summed
+            self.col_comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)
         start = g.own_in_col()
-        self.degree = partial[start : start + g.hi - g.lo].copy()
+        self.degree = counts[start : start + g.hi - g.lo].copy()
 
     # ---- small collectives every kernel uses ----------------------------------------
 
@@ -250,6 +243,19 @@ class DistGraph:
             h.free()
         for c in (self.row_comm, self.col_comm, self.comm):
             c.Free()
+
+
+def edge_chunks(comm: Any, edges: EdgeList, size: int) -> Any:
+    """This rank's edges ``size`` at a time as (src, dst, weight), self-loops dropped.
+
+    Every rank gets as many chunks (some empty), so a collective per chunk is safe.
+    """
+    rounds = max(1, -(-int(comm.allreduce(edges.src.size, op=MPI.MAX)) // size))
+    for k in range(rounds):
+        part = slice(k * size, (k + 1) * size)
+        a, b, w = edges.src[part], edges.dst[part], edges.weight[part]
+        keep = a != b
+        yield a[keep], b[keep], w[keep]
 
 
 def _check_ids(edges: EdgeList) -> None:

@@ -207,20 +207,34 @@ def _slot_of(bounds, v):
 
 
 @njit(cache=True)
+def _group(rows, slot, counts):
+    """``rows`` reordered by ``slot`` (``counts[s]`` rows each), keeping arrival order."""
+    start = np.zeros(counts.size, dtype=np.int64)
+    for s in range(1, counts.size):
+        start[s] = start[s - 1] + counts[s - 1]
+    out = np.empty_like(rows)
+    for t in range(rows.shape[0]):
+        s = slot[t]
+        out[start[s]] = rows[t]
+        start[s] += 1
+    return out
+
+
+@njit(cache=True)
 def td_route(indptr, adj, frontier, lo, parent, seen, bounds, me):
     """Top-down on a 1 x P grid: packed candidates grouped by owner slot, and the counts.
 
-    ``frontier`` holds owned (local) vertices; ``adj`` global ids; ``seen`` is a bitmap
-    over all vertices of the candidates already sent (and the visited vertices this rank
-    knows of); an owned neighbour (slot ``me``) is checked against ``parent`` directly.
+    The candidates are (k, 1) rows. ``frontier`` holds owned (local) vertices; ``adj``
+    global ids; ``seen`` is a bitmap over all vertices of the candidates already sent (and
+    the visited vertices this rank knows of); an owned neighbour (slot ``me``) is checked
+    against ``parent`` directly.
     """
     one, three, seven = np.uint64(1), np.uint64(3), np.uint64(7)
-    slots = bounds.size - 1
     hi = lo + parent.size
     total = _edges_of(indptr, frontier)
-    cand = np.empty(total, dtype=np.int64)
+    cand = np.empty((total, 1), dtype=np.int64)
     owner = np.empty(total, dtype=np.int32)
-    counts = np.zeros(slots, dtype=np.int64)
+    counts = np.zeros(bounds.size - 1, dtype=np.int64)
     k = 0
     for t in range(frontier.size):
         c = np.uint64(frontier[t])
@@ -240,19 +254,11 @@ def td_route(indptr, adj, frontier, lo, parent, seen, bounds, me):
                 s = me
             else:
                 s = _slot_of(bounds, w)
-            cand[k] = (w << 32) | p
+            cand[k, 0] = (w << 32) | p
             owner[k] = s
             counts[s] += 1
             k += 1
-    start = np.zeros(slots, dtype=np.int64)
-    for s in range(1, slots):
-        start[s] = start[s - 1] + counts[s - 1]
-    out = np.empty(k, dtype=np.int64)
-    for t in range(k):
-        s = owner[t]
-        out[start[s]] = cand[t]
-        start[s] += 1
-    return out, counts
+    return _group(cand[:k], owner, counts), counts
 
 
 @njit(cache=True)
@@ -348,23 +354,16 @@ def group_candidates(v, nd, p, bounds):
     the count of rows per slot.
     """
     low = np.int64(0xFFFFFFFF)
-    m = v.size
     counts = np.zeros(bounds.size - 1, dtype=np.int64)
-    slot = np.empty(m, dtype=np.int64)
-    for j in range(m):
+    slot = np.empty(v.size, dtype=np.int32)
+    rows = np.empty((v.size, 2), dtype=np.int64)
+    bits = nd.view(np.int64)
+    for j in range(v.size):
         slot[j] = _slot_of(bounds, v[j])
         counts[slot[j]] += 1
-    start = np.zeros(counts.size, dtype=np.int64)
-    for s in range(1, counts.size):
-        start[s] = start[s - 1] + counts[s - 1]
-    rows = np.empty((m, 2), dtype=np.int64)
-    bits = nd.view(np.int64)
-    for j in range(m):
-        k = start[slot[j]]
-        rows[k, 0] = (v[j] << 32) | (p[j] & low)
-        rows[k, 1] = bits[j]
-        start[slot[j]] = k + 1
-    return rows, counts
+        rows[j, 0] = (v[j] << 32) | (p[j] & low)
+        rows[j, 1] = bits[j]
+    return _group(rows, slot, counts), counts
 
 
 @njit(cache=True)

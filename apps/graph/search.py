@@ -168,7 +168,7 @@ def _bfs_row(g: DistGraph, root: int, direction: str, alpha: float,
         if top_down:
             cand, counts = td_route(g.indptr, g.adj, frontier, lo, parent, seen, bounds,
                                     grid.slot)  # fmt: skip
-            got = g.row_x.grouped(cand[:, None], counts)
+            got = g.row_x.grouped(cand, counts)
             frontier, edges = claim_packed(parent, got[:, 0], lo, g.degree)
         else:
             mine = frontier_bits(frontier, g.own)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .graph import DistGraph
+from .graph import DistGraph, edge_chunks
 from .kronecker import EdgeList, GraphError
 
 __all__ = ["ValidationError", "Validation", "validate"]
@@ -138,12 +138,8 @@ def validate(g: DistGraph, edges: EdgeList, root: int, parent: np.ndarray,
     confirmed = np.zeros(g.own, dtype=bool)
     traversed = 0
     values = [parent, level] if dist is None else [parent, level, dist]
-    rounds = max(1, -(-int(g.comm.allreduce(edges.src.size, op=MPI.MAX)) // _CHUNK))
-    for k in range(rounds):  # bounded memory: a chunk of the edge list at a time
-        part = slice(k * _CHUNK, (k + 1) * _CHUNK)
-        a, b, w = edges.src[part], edges.dst[part], edges.weight[part]
-        keep = a != b
-        traversed += _check_edges(g, values, a[keep], b[keep], w[keep], rtol, flag, confirmed)
+    for a, b, w in edge_chunks(g.comm, edges, _CHUNK):  # bounded memory
+        traversed += _check_edges(g, values, a, b, w, rtol, flag, confirmed)
     if lo <= root < g.grid.hi:
         confirmed[root - lo] = True
     unconfirmed = np.flatnonzero((parent >= 0) & ~confirmed & (level >= 0))
