@@ -20,7 +20,7 @@ from hpcpar.collectives import allgather, alltoallv
 from hpcpar.runtime.comm import resolve_comm
 from hpcpar.topology import Hierarchy
 
-from .kernels import scatter_rows, sort_segments
+from .kernels import light_ends, scatter_rows, sort_segments
 from .kronecker import EdgeList, GraphError
 from .partition import PARTITIONS, Exchange, Grid, edge_balanced_bounds, grid_shape
 
@@ -158,7 +158,13 @@ class DistGraph:
         if self.col_h.size == 1:
             return x
         counts = self.col_comm.allgather(x.size)
+        self.sent_to_all(self.col_h, x.nbytes)
         return allgather(x, counts=counts, comm=self.col_h)
+
+    def sent_to_all(self, h: Hierarchy, nbytes: int) -> None:
+        """Count an allgather over the row or column ``h`` that sent ``nbytes`` a member."""
+        x = self.row_x if h is self.row_h else self.col_x
+        x.count(np.full(h.size, nbytes, dtype=np.int64))
 
     def gather_bits(self, h: Hierarchy, mask: np.ndarray, sizes: list[int]) -> np.ndarray:
         """Concatenate members' boolean masks (sent as bits) into one bool array."""
@@ -166,6 +172,7 @@ class DistGraph:
             return mask
         packed = np.packbits(mask)
         counts = [-(-s // 8) for s in sizes]
+        self.sent_to_all(h, packed.nbytes)
         got = allgather(packed, counts=counts, comm=h)
         out, at = [], 0
         for s, c in zip(sizes, counts, strict=True):
@@ -178,6 +185,26 @@ class DistGraph:
         if getattr(self, "_linked", None) is None:
             self._linked = np.flatnonzero(self.degree > 0)
         return self._linked
+
+    def light_ends(self, delta: float) -> np.ndarray:
+        """Where each CSR row's edges lighter than ``delta`` end (kept for the last delta)."""
+        kept = getattr(self, "_light", None)
+        if kept is None or kept[0] != delta:
+            self._light = kept = (delta, light_ends(self.indptr, self.weight, delta))
+        return kept[1]
+
+    def weight_cdf(self) -> np.ndarray:
+        """The fraction of this rank's edges lighter than ``i * top / 1024``, i = 0..1024.
+
+        ``top``, the heaviest weight, is appended; estimated from 4,096 weights drawn at
+        random (seeded) and computed once.
+        """
+        if getattr(self, "_cdf", None) is None:
+            top = float(self.weight.max()) if self.weight.size else 0.0
+            sample = np.sort(np.random.default_rng(0).choice(self.weight, 4096)) if top else []
+            steps = np.linspace(0.0, top, 1025)
+            self._cdf = np.append(np.searchsorted(sample, steps) / 4096, top)
+        return self._cdf
 
     def row_sizes(self) -> list[int]:
         """Vertices owned by each member of this rank's grid row, in row order."""

@@ -190,6 +190,19 @@ class Exchange:
             return self._through_leaders(np.repeat(np.arange(self.size), counts), rows)
         return self._send(self.h, rows, counts, self.node_of)
 
+    def count(self, nbytes: np.ndarray, h: Hierarchy | None = None,
+              node_of: np.ndarray | None = None) -> None:  # fmt: skip
+        """Count ``nbytes[m]`` bytes sent to member m of ``h`` (by default this exchange's).
+
+        Exchanges count themselves; callers count the allgathers they make beside them.
+        """
+        h = self.h if h is None else h
+        node_of = self.node_of if node_of is None else node_of
+        same = node_of == node_of[h.rank]
+        self.intra += int(nbytes[same].sum() - nbytes[h.rank])
+        self.inter += int(nbytes[~same].sum())
+        self.messages_inter += int(np.count_nonzero(nbytes[~same]))
+
     def _flat(self, h: Hierarchy, dest: np.ndarray, rows: np.ndarray,
               node_of: np.ndarray) -> np.ndarray:  # fmt: skip
         if h.size == 1:  # to this rank alone: nothing to sort or send
@@ -199,14 +212,10 @@ class Exchange:
 
     def _send(self, h: Hierarchy, rows: np.ndarray, counts: np.ndarray,
               node_of: np.ndarray) -> np.ndarray:  # fmt: skip
-        width, me = rows.shape[1], h.rank
+        width = rows.shape[1]
         if h.size == 1:
             return rows
-        nbytes = counts * width * 8
-        same = node_of == node_of[me]
-        self.intra += int(nbytes[same].sum() - nbytes[me])
-        self.inter += int(nbytes[~same].sum())
-        self.messages_inter += int(np.count_nonzero(counts[~same]))
+        self.count(counts * width * 8, h, node_of)
         got, _ = alltoallv(rows.reshape(-1), (counts * width).tolist(), comm=h)
         return got.reshape(-1, width)
 

@@ -37,11 +37,16 @@ from .kernels import (
     claim,
     claim_packed,
     frontier_bits,  # fmt: skip
-    group_candidates,
     improve,
-    improve_packed,
     join_bits,
     relax,
+    sssp_apply,
+    sssp_mark,
+    sssp_pull,
+    sssp_relax,
+    sssp_settle,
+    sssp_take,
+    sssp_unmark,
     td_expand,
     td_route,
 )
@@ -172,7 +177,10 @@ def _bfs_row(g: DistGraph, root: int, direction: str, alpha: float,
             frontier, edges = claim_packed(parent, got[:, 0], lo, g.degree)
         else:
             mine = frontier_bits(frontier, g.own)
-            got = allgather(mine, counts=nbytes, comm=g.row_h) if g.row_h.size > 1 else mine
+            got = mine
+            if g.row_h.size > 1:
+                g.sent_to_all(g.row_h, mine.nbytes)
+                got = allgather(mine, counts=nbytes, comm=g.row_h)
             if aligned:
                 front = got
                 seen[: front.size] |= front
@@ -191,15 +199,30 @@ def _bfs_row(g: DistGraph, root: int, direction: str, alpha: float,
     return SearchResult(root, parent, levels=levels)
 
 
-def sssp(g: DistGraph, root: int, *, delta: float = 0.1) -> SearchResult:
+def sssp(g: DistGraph, root: int, *, delta: float = 0.1,
+         direction: str = "auto") -> SearchResult:  # fmt: skip
     """Single-source shortest paths from ``root`` by delta-stepping (collective).
 
     ``delta=inf`` is Bellman-Ford: one bucket, every edge light, rounds of relaxation
-    until no distance changes.
+    until no distance changes. ``direction`` says how a settled bucket's heavy edges are
+    relaxed on a 1 x P grid: ``push`` (its members send), ``pull`` (waiting vertices
+    look for members) or ``auto`` (whichever scans fewer edges, bucket by bucket); 2D
+    grids push.
+
+    Raises:
+        GraphError: delta not positive, an unknown direction, ``pull`` on a 2D grid, or
+            a root outside the graph or without edges.
     """
     if not delta > 0:
         raise GraphError(f"delta must be positive, not {delta}")
+    if direction not in ("auto", "push", "pull"):
+        raise GraphError(f"direction must be auto, push or pull, not {direction!r}")
+    row = g.grid.rows == 1 and g.n < 1 << 31
+    if direction == "pull" and not row:
+        raise GraphError(f"SSSP pulls only on a 1 x P grid, not {g.grid.rows} x {g.grid.cols}")
     _check_root(g, root)
+    if row:
+        return _sssp_row(g, root, delta, direction)
     grid, lo = g.grid, g.grid.lo
     dist = np.full(g.own, np.inf)
     parent = np.full(g.own, -1, dtype=np.int64)
@@ -212,8 +235,6 @@ def sssp(g: DistGraph, root: int, *, delta: float = 0.1) -> SearchResult:
     if grid.row_lo <= root < grid.row_hi:
         best[root - grid.row_lo] = 0.0
     rounds = 0
-    packed = grid.rows == 1 and g.n < 1 << 31  # candidates fit (vertex << 32) | parent
-    bounds = np.ascontiguousarray(grid.bounds, dtype=np.int64)
 
     def step(active: np.ndarray, light: bool) -> np.ndarray:
         nonlocal rounds
@@ -223,9 +244,6 @@ def sssp(g: DistGraph, root: int, *, delta: float = 0.1) -> SearchResult:
         v, nd, p = relax(g.indptr, g.adj, g.weight, grid.to_col(glob), d, glob, light,
                          delta, best)  # fmt: skip
         v += grid.row_lo
-        if packed:  # one kernel groups them by owner: nothing to sort
-            rows, counts = group_candidates(v, nd, p, bounds)
-            return improve_packed(dist, parent, g.row_x.grouped(rows, counts), lo, mark)
         rows = np.stack([v, nd.view(np.int64), p], axis=1)
         got = g.row_x(grid.owner_slot(v) - grid.i * grid.cols, rows)
         return improve(dist, parent, got[:, 0] - lo, got[:, 1].view(np.float64), got[:, 2], mark)
@@ -247,3 +265,130 @@ def sssp(g: DistGraph, root: int, *, delta: float = 0.1) -> SearchResult:
         settled[members] = False
         done[step(members, False)] = False
     return SearchResult(root, parent, dist=dist, rounds=rounds)
+
+
+def _sssp_row(g: DistGraph, root: int, delta: float, direction: str) -> SearchResult:
+    """``sssp`` on a 1 x P grid, where a rank holds its own vertices' whole adjacency.
+
+    Light edges are pushed: owned targets are improved inside the relaxing kernel and
+    only the others travel, packed. After a bucket settles, its heavy edges are pushed
+    the same way, or pulled (Chakaravarthy et al.) when that scans fewer edges: the
+    members and their distances are allgathered and every waiting or unreached vertex
+    looks for a member along its edges lighter than its distance less the members'
+    least distance, a prefix of its weight-sorted row. Waiting vertices sit in a list
+    scanned once per bucket; the kernels keep the lowest bucket of the rest as distances
+    fall, so no pass over every vertex is made. A round is one kernel, one exchange and
+    one small allgather or allreduce.
+    """
+    run = _Buckets(g, root, delta)
+    both = np.array([0.0, run.low[0]])  # -(vertices reopened), lowest bucket
+    g.comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MIN)
+    while both[1] != np.inf:
+        pull_edges = run.take(both[1])
+        while True:  # light rounds, then the members' heavy edges, until nothing reopens
+            table = run.light_rounds(pull_edges)
+            pulls, pushes = table[:, 2].sum(), table[:, 1].sum()
+            if direction == "pull" or (direction == "auto" and pulls < pushes):
+                run.pull(table[:, 3])
+            else:
+                run.push(run.members, int(run.size[2]), light=False)
+            both[:] = -run.size[1], run.low[0]
+            g.comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MIN)
+            if both[0] == 0:
+                break
+    return SearchResult(root, run.parent, dist=run.dist.copy(), rounds=run.rounds)
+
+
+class _Buckets:
+    """The state of one ``_sssp_row`` search (owned vertices, local indices).
+
+    ``state`` is 0 (unreached), 1 (waiting, listed in ``pend``) or 2 (settled); ``nxt``
+    collects the vertices whose distance fell into the current bucket during a round
+    (``mark`` keeps each once); ``size`` holds the lengths of pend, nxt and members, the
+    members' heavy edges, the length of ``unreached`` and the unreached vertices' edges.
+    """
+
+    def __init__(self, g: DistGraph, root: int, delta: float) -> None:
+        self.g, self.delta, own, lo = g, delta, g.own, g.grid.lo
+        self.lo = lo
+        self.bounds = np.ascontiguousarray(g.grid.bounds, dtype=np.int64)
+        self.ends, self.cdf = g.light_ends(delta), g.weight_cdf()
+        self.best = np.full(g.n, np.inf)  # owned: the distances; others: least sent or known
+        self.dist = self.best[lo : g.grid.hi]
+        self.parent = np.full(own, -1, dtype=np.int64)
+        self.state = np.zeros(own, dtype=np.uint8)
+        self.mark = np.zeros(own, dtype=bool)
+        self.stamp = np.zeros(own, dtype=np.int64)  # the bucket pass a member last joined
+        self.pend, self.nxt, self.active, self.members = (
+            np.empty(own, dtype=np.int64) for _ in range(4)
+        )
+        self.unreached = g.linked().copy()
+        self.size = np.array([0, 0, 0, 0, self.unreached.size, g.degree.sum()], np.int64)
+        self.low = np.array([np.inf])  # the lowest bucket waiting here
+        self.member = np.zeros((g.n + 7) >> 3, dtype=np.uint8)  # when pulling
+        self.mine = np.zeros(4, dtype=np.int64)  # reopened, push edges, pull edges, members
+        self.table = np.zeros((g.row_comm.Get_size(), 4), dtype=np.int64)
+        self.rounds, self.epoch, self.top = 0, 0, 0.0
+        if lo <= root < g.grid.hi:
+            x = root - lo
+            self.dist[x], self.parent[x], self.state[x] = 0.0, root, 1
+            self.pend[0], self.size[0], self.low[0] = x, 1, 0.0
+            self.size[5] -= g.degree[x]
+
+    def take(self, bucket: float) -> float:
+        """Start ``bucket``: its waiting members go to ``nxt``.
+
+        Returns the pull estimate of the waiting vertices' rows (``sssp_take``).
+        """
+        self.top = bucket + 1.0
+        return sssp_take(self.pend, self.size, self.state, self.dist, self.delta, bucket,
+                         self.nxt, self.mark, self.low, self.g.degree, self.cdf)  # fmt: skip
+
+    def light_rounds(self, pull_edges: float) -> np.ndarray:
+        """Settle ``nxt`` and push its light edges until no rank reopens a vertex.
+
+        Returns every rank's [reopened, push edges, pull edges, members] of the last round.
+        """
+        self.epoch += 1
+        self.size[2] = self.size[3] = 0
+        size, g = self.size, self.g
+        while True:
+            count = sssp_settle(self.nxt, int(size[1]), self.state, self.mark, self.stamp,
+                                self.epoch, self.members, size, g.indptr, self.ends,
+                                self.active)  # fmt: skip
+            size[1] = 0
+            self.push(self.active, count, light=True)
+            self.mine[:] = size[1], size[3], int(pull_edges) + size[5], size[2]
+            g.row_comm.Allgather(self.mine, self.table)
+            if self.table[:, 0].sum() == 0:
+                return self.table
+
+    def push(self, todo: np.ndarray, count: int, light: bool) -> None:
+        """Relax the light or heavy edges of ``todo[:count]``; exchange the others'."""
+        g, lo, top, delta = self.g, self.lo, self.top, self.delta
+        self.rounds += 1
+        rows, counts = sssp_relax(g.indptr, g.adj, g.weight, self.ends, todo, count, light,
+                                  self.best, self.parent, self.state, self.pend, self.nxt,
+                                  self.mark, self.size, self.low, top, delta, lo, self.bounds,
+                                  g.degree)  # fmt: skip
+        got = g.row_x.grouped(rows, counts)
+        sssp_apply(got, lo, self.dist, self.parent, self.state, self.pend, self.nxt,
+                   self.mark, self.size, self.low, top, delta, g.degree)  # fmt: skip
+
+    def pull(self, counts: np.ndarray) -> None:
+        """Every waiting or unreached vertex pulls through the members (``counts`` a rank)."""
+        g, lo, m = self.g, self.lo, int(self.size[2])
+        self.rounds += 1
+        rows = np.empty((m, 2), dtype=np.int64)
+        rows[:, 0] = self.members[:m] + lo
+        rows[:, 1] = self.dist[self.members[:m]].view(np.int64)
+        got = rows
+        if counts.size > 1:
+            g.sent_to_all(g.row_h, rows.nbytes)
+            got = allgather(rows.reshape(-1), counts=(2 * counts).tolist(), comm=g.row_h)
+        got = got.reshape(-1, 2)
+        floor = sssp_mark(got, lo, g.own, self.best, self.member)  # least member distance
+        sssp_pull(g.indptr, g.adj, g.weight, self.pend, self.size, self.unreached, self.state,
+                  self.best, self.member, self.parent, self.nxt, self.mark, self.low,
+                  self.top, floor, self.delta, lo, g.degree)  # fmt: skip
+        sssp_unmark(got, self.member)

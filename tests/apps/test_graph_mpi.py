@@ -7,6 +7,8 @@ go through the validator, which in turn must reject each kind of wrong answer.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -105,11 +107,16 @@ def test_bfs_and_sssp_match_scipy_and_validate(comm, partition, layout):
                 assert_equal_all(_levels_from(parent, root), levels, comm)
                 assert check.traversed_edges == found.traversed_edges(g)
             dist = csgraph.dijkstra(ref, indices=root)
-            for delta in (0.05, 0.3, np.inf):  # inf: Bellman-Ford
-                found = sssp(g, root, delta=delta)
+            ways = ("auto", "push", "pull") if g.grid.rows == 1 else ("auto", "push")
+            for delta, direction in itertools.product((0.05, 0.3, np.inf), ways):
+                found = sssp(g, root, delta=delta, direction=direction)  # inf: Bellman-Ford
                 check = validate(g, edges, root, found.parent, found.dist)
-                assert_all(check.ok, f"SSSP delta {delta} from {root}: {check.examples}", comm)
+                assert_all(check.ok, f"SSSP {direction} delta {delta} from {root}: "
+                           f"{check.examples}", comm)  # fmt: skip
                 assert_allclose_all(_gather(g, found.dist, np.nan), dist, comm, rtol=1e-12)
+        if g.grid.rows > 1:
+            with pytest.raises(GraphError, match="1 x P grid"):
+                sssp(g, roots[0], direction="pull")
         g.free()
 
 
