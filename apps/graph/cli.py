@@ -59,6 +59,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--direction", choices=("auto", "top-down", "bottom-up"),
                         default="auto", help="BFS direction (auto: Beamer's switch)")  # fmt: skip
+    parser.add_argument("--relax", choices=("auto", "push", "pull"), default="auto",
+                        help="SSSP heavy edges of a settled bucket (auto: whichever scans "
+                             "fewer edges; pull needs a 1 x P grid)")  # fmt: skip
     parser.add_argument(
         "--alpha", type=real(0, above=True), default=14.0, help="top-down -> bottom-up"
     )
@@ -101,7 +104,7 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
                  edges=edges, partition=args.partition, grid=args.grid, roots=args.roots,
                  root=args.root, validate_results=args.validate, delta=args.delta,
                  direction=args.direction, alpha=args.alpha, beta=args.beta,
-                 layout=args.layout)  # fmt: skip
+                 relax=args.relax, layout=args.layout)  # fmt: skip
     if comm.Get_rank() == 0:
         print(output_block(result))
         table = result.imbalance

@@ -169,7 +169,8 @@ def run(comm: Any, *, kinds: tuple[str, ...] = ("bfs",), scale: int | None = 16,
         root: int | None = None, validate_results: bool | int = True,
         delta: float | None = None,
         direction: str = "auto", alpha: float = 14.0, beta: float = 24.0,
-        layout: str | None = None, progress: Any = None) -> RunResult:  # fmt: skip
+        relax: str = "auto", layout: str | None = None,
+        progress: Any = None) -> RunResult:  # fmt: skip
     """Run the benchmark (collective); ``edges`` (this rank's slice) replaces generation.
 
     ``validate_results``: True validates every search, an integer k the first k keys'.
@@ -191,7 +192,7 @@ def run(comm: Any, *, kinds: tuple[str, ...] = ("bfs",), scale: int | None = 16,
     result = RunResult(scale, edgefactor if scale is not None else None, g.n, g.m, size,
                        partition, generation, construction, keys)  # fmt: skip
     searches = {"bfs": lambda key: bfs(g, key, direction=direction, alpha=alpha, beta=beta),
-                "sssp": lambda key: sssp(g, key, delta=delta)}  # fmt: skip
+                "sssp": lambda key: sssp(g, key, delta=delta, direction=relax)}  # fmt: skip
     for kind in kinds:  # compile and warm up
         searches[kind](keys[0])
     g.reset_volume()

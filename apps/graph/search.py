@@ -16,8 +16,10 @@ members' frontier bitmaps are allgathered and the kernel sets parents itself.
 
 SSSP is Meyer and Sanders' delta-stepping: buckets of width delta; light edges (w <
 delta) are relaxed until the current bucket stops changing, then heavy edges once.
-Relaxations travel like top-down candidates (gather along the column, fold along the row);
-on a 1 x P grid a kernel packs them and groups them by owner, so nothing is sorted.
+Relaxations travel like top-down candidates (gather along the column, fold along the row).
+On a 1 x P grid (``_sssp_row``) owned targets are improved inside the relaxing kernel,
+the others travel packed and grouped by owner, and a settled bucket's heavy edges are
+pushed or pulled (Chakaravarthy et al.), whichever scans fewer edges.
 """
 
 from __future__ import annotations
