@@ -377,14 +377,39 @@ def light_ends(indptr, weight, delta):
 
 
 @njit(cache=True)
+def _book(xs, n, dist, state, pend, nxt, mark, size, low, top, delta, degree):
+    """Book the owned vertices ``xs[:n]``, whose distances just fell (repeats are fine).
+
+    One joins ``pend`` if it was unreached, and ``nxt`` if its distance lies in the
+    current bucket (or it had settled); otherwise ``low`` takes its bucket.
+    """
+    for t in range(n):
+        x = xs[t]
+        if state[x] == 0:
+            state[x] = 1
+            pend[size[0]] = x
+            size[0] += 1
+            size[5] -= degree[x]
+        b = dist[x] / delta
+        if state[x] == 2 or b < top:
+            if not mark[x]:
+                mark[x] = True
+                nxt[size[1]] = x
+                size[1] += 1
+        elif b < low[0]:
+            low[0] = np.floor(b)
+
+
+@njit(cache=True)
 def sssp_relax(indptr, adj, weight, ends, active, count, light, best, parent, state, pend,
                nxt, mark, size, low, top, delta, lo, bounds, degree):  # fmt: skip
     """Relax the light (or heavy) edges of ``active[:count]`` (owned, local).
 
     ``best`` spans all vertices: over the owned range it is the distance array itself,
     elsewhere the smallest distance this rank has sent each vertex, so one test filters
-    both. An owned target is improved in place (``parent``, ``pend``, and ``nxt`` when its
-    distance is below ``top``, the current bucket's end in units of delta). Other targets
+    both. An owned target is improved in place and booked (``_book``: ``pend``, and
+    ``nxt`` when its distance is below ``top``, the current bucket's end in units of
+    delta) after the loop, which a call per improvement would slow. Other targets
     become packed rows, ``(vertex << 32) | parent`` and the distance's bits, grouped by
     owner slot. Returns the rows and the count per slot. Indices are unsigned, so numba
     adds no negative-index check to the edge loop.
@@ -398,8 +423,9 @@ def sssp_relax(indptr, adj, weight, ends, active, count, light, best, parent, st
     bits = rows.view(np.float64)
     slot = np.empty(total, dtype=np.int32)
     counts = np.zeros(bounds.size - 1, dtype=np.int64)
+    mine = np.empty(total, dtype=np.uint64)  # owned targets improved, booked after the loop
     ulo, uhi = np.uint64(lo), np.uint64(lo + parent.size)
-    k = 0
+    k = n = 0
     for t in range(count):
         c = np.uint64(active[t])
         d, p = best[c + ulo], np.int64(c) + lo
@@ -414,21 +440,9 @@ def sssp_relax(indptr, adj, weight, ends, active, count, light, best, parent, st
             if nd < best[v]:
                 best[v] = nd
                 if ulo <= v < uhi:
-                    x = v - ulo
-                    parent[x] = p
-                    if state[x] == 0:
-                        state[x] = 1
-                        pend[size[0]] = x
-                        size[0] += 1
-                        size[5] -= degree[x]
-                    b = nd / delta
-                    if state[x] == 2 or b < top:
-                        if not mark[x]:
-                            mark[x] = True
-                            nxt[size[1]] = x
-                            size[1] += 1
-                    elif b < low[0]:
-                        low[0] = np.floor(b)
+                    parent[v - ulo] = p
+                    mine[n] = v - ulo
+                    n += 1
                 else:
                     w = np.int64(v)
                     s = _slot_of(bounds, w)
@@ -437,34 +451,27 @@ def sssp_relax(indptr, adj, weight, ends, active, count, light, best, parent, st
                     slot[k] = s
                     counts[s] += 1
                     k += 1
+    _book(mine, n, best[ulo:uhi], state, pend, nxt, mark, size, low, top, delta, degree)
     return _group(rows[:k], slot, counts), counts
 
 
 @njit(cache=True)
 def sssp_apply(rows, lo, dist, parent, state, pend, nxt, mark, size, low, top, delta,
                degree):  # fmt: skip
-    """Rows from ``sssp_relax`` of other ranks applied to owned vertices, as it does."""
+    """Rows from ``sssp_relax`` of other ranks applied to owned vertices, then booked."""
     bits = rows.view(np.float64)
     half = np.int64(0xFFFFFFFF)
+    mine = np.empty(rows.shape[0], dtype=np.int64)
+    n = 0
     for t in range(rows.shape[0]):
         x = (rows[t, 0] >> 32) - lo
         nd = bits[t, 1]
         if nd < dist[x]:
             dist[x] = nd
             parent[x] = rows[t, 0] & half
-            if state[x] == 0:
-                state[x] = 1
-                pend[size[0]] = x
-                size[0] += 1
-                size[5] -= degree[x]
-            b = nd / delta
-            if state[x] == 2 or b < top:
-                if not mark[x]:
-                    mark[x] = True
-                    nxt[size[1]] = x
-                    size[1] += 1
-            elif b < low[0]:
-                low[0] = np.floor(b)
+            mine[n] = x
+            n += 1
+    _book(mine, n, dist, state, pend, nxt, mark, size, low, top, delta, degree)
 
 
 @njit(cache=True)
@@ -567,13 +574,14 @@ def sssp_pull(indptr, adj, weight, pend, size, unreached, state, best, member, p
     Members are the bits of ``member``, their distances in ``best``. A member improves v
     only along an edge lighter than v's distance less ``floor``, the members' least
     distance, and rows are sorted by weight, so each row is scanned only that far. The
-    unreached list is compacted on the way. Improved vertices are handled as
-    ``sssp_relax`` handles owned targets.
+    unreached list is compacted on the way. Improved vertices are booked at the end, as
+    ``sssp_relax`` books owned targets.
     """
     one, three, seven = np.uint64(1), np.uint64(3), np.uint64(7)
     ulo = np.uint64(lo)
     n = size[0]
-    kept = 0
+    kept = m = 0
+    mine = np.empty(n + size[4], dtype=np.int64)  # the vertices improved, booked at the end
     for which in range(2):
         count = n if which == 0 else size[4]
         for t in range(count):
@@ -599,18 +607,8 @@ def sssp_pull(indptr, adj, weight, pend, size, unreached, state, best, member, p
             if not improved:
                 continue
             best[ux + ulo] = here
-            if state[x] == 0:
-                state[x] = 1
-                pend[size[0]] = x
-                size[0] += 1
-                size[5] -= degree[x]
-                kept -= which
-            b = here / delta
-            if b < top:
-                if not mark[x]:
-                    mark[x] = True
-                    nxt[size[1]] = x
-                    size[1] += 1
-            elif b < low[0]:
-                low[0] = np.floor(b)
+            mine[m] = x
+            m += 1
     size[4] = kept
+    _book(mine, m, best[ulo : ulo + state.size], state, pend, nxt, mark, size, low, top, delta,
+          degree)  # fmt: skip
