@@ -196,11 +196,12 @@ class DistGraph:
     def weight_cdf(self) -> np.ndarray:
         """The fraction of this rank's edges lighter than ``i * top / 1024``, i = 0..1024.
 
-        ``top``, the heaviest weight, is appended; estimated from 4,096 weights drawn at
-        random (seeded) and computed once.
+        ``top``, the heaviest finite weight, is appended; estimated from 4,096 weights
+        drawn at random (seeded) and computed once.
         """
         if getattr(self, "_cdf", None) is None:
-            top = float(self.weight.max()) if self.weight.size else 0.0
+            finite = self.weight[np.isfinite(self.weight)]
+            top = float(finite.max()) if finite.size else 0.0
             sample = np.sort(np.random.default_rng(0).choice(self.weight, 4096)) if top else []
             steps = np.linspace(0.0, top, 1025)
             self._cdf = np.append(np.searchsorted(sample, steps) / 4096, top)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -51,6 +52,23 @@ def test_light_ends_and_the_weight_table_match_numpy(comm):
     steps = np.linspace(0.0, cdf[-1], 1025)
     exact = np.searchsorted(np.sort(g.weight), steps) / g.weight.size
     assert np.abs(cdf[:-1] - exact).max() < 0.03  # 4,096 draws: a few sigma
+    g.free()
+
+
+@pytest.mark.parametrize("direction", ["auto", "push", "pull"])
+def test_sssp_takes_infinite_and_zero_weights(comm, direction):
+    from hpcpar.apps.graph.kronecker import EdgeList
+    from hpcpar.apps.graph.search import sssp
+
+    src, dst = np.array([0, 1, 2, 3, 0, 5]), np.array([1, 2, 3, 4, 4, 6])
+    w = np.array([0.5, np.inf, 0.2, 0.0, 3.0, 1.0])
+    g = DistGraph.build(EdgeList(src, dst, w, 7, 6, 0), comm=comm)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = sssp(g, 0, delta=0.1, direction=direction)
+    assert found.dist.tolist() == [0.0, 0.5, 3.2, 3.0, 3.0, np.inf, np.inf]
+    assert found.parent.tolist() == [0, 0, 3, 4, 0, -1, -1]
+    assert np.isfinite(g.weight_cdf()).all()
     g.free()
 
 
