@@ -20,9 +20,10 @@ from hpcpar.collectives import allgather, alltoallv
 from hpcpar.runtime.comm import resolve_comm
 from hpcpar.topology import Hierarchy
 
-from .kernels import light_ends, scatter_rows, sort_segments
+from .kernels import scatter_rows, sort_segments
 from .kronecker import EdgeList, GraphError
 from .partition import PARTITIONS, Exchange, Grid, edge_balanced_bounds, grid_shape
+from .sssp_kernels import light_ends
 
 __all__ = ["DistGraph", "agree", "edge_chunks"]
 

@@ -42,6 +42,11 @@ from .kernels import (
     improve,
     join_bits,
     relax,
+    td_expand,
+    td_route,
+)
+from .kronecker import GraphError
+from .sssp_kernels import (
     sssp_apply,
     sssp_mark,
     sssp_pull,
@@ -49,10 +54,7 @@ from .kernels import (
     sssp_settle,
     sssp_take,
     sssp_unmark,
-    td_expand,
-    td_route,
 )
-from .kronecker import GraphError
 
 __all__ = ["bfs", "sssp", "SearchResult"]
 
@@ -304,10 +306,8 @@ def _sssp_row(g: DistGraph, root: int, delta: float, direction: str) -> SearchRe
 class _Buckets:
     """The state of one ``_sssp_row`` search (owned vertices, local indices).
 
-    ``state`` is 0 (unreached), 1 (waiting, listed in ``pend``) or 2 (settled); ``nxt``
-    collects the vertices whose distance fell into the current bucket during a round
-    (``mark`` keeps each once); ``size`` holds the lengths of pend, nxt and members, the
-    members' heavy edges, the length of ``unreached`` and the unreached vertices' edges.
+    The arrays are those ``sssp_kernels`` describes: ``state``, ``pend``, ``nxt`` and
+    ``mark``, ``members``, ``unreached`` and the lengths in ``size``.
     """
 
     def __init__(self, g: DistGraph, root: int, delta: float) -> None:
