@@ -9,13 +9,22 @@ Arguments after ``test`` (and ``--quick``) go to every pytest run.
 
 Set-up is idempotent: it is skipped while setup.cfg and pyproject.toml are unchanged.
 Only the standard library is used here, so a fresh machine with Python and pip suffices.
+
+Each step runs in a process group of its own. SIGINT, SIGTERM and SIGHUP are passed on
+to it (pytest then tears its fixtures down: Slurm daemons, virtual clusters); a step
+that dies, however it dies, leaves nothing behind: on Linux this process adopts the
+step's orphans (daemons, MPI launchers) and ends them, and removes any virtual-cluster
+namespace the step left. Hangs are caught per test (pytest-timeout, the watchdog); no
+limit is put on a whole run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,27 +33,162 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
-BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
-PY = BIN / "python"
-STAMP = VENV / ".hpcpar-setup"
+DEMO_EXTRAS = "demo"  # setup.cfg's [demo]: everything 'hpcpar demo' needs beyond the core
+TEST_EXTRAS = "test"
 RANKS_UNDER_MPI = (2, 3, 4)
-JOB_TIMEOUT_S = 900  # a whole MPI pytest run; each test has its own, shorter limit
+SERIAL_WORKERS = 2  # serial tests run two at a time (pytest-xdist): one per core here
+STOP_GRACE_S = 60.0  # after a forwarded signal, how long a step may tear down
+VCLUSTER_PREFIX = "hpv-"  # the virtual cluster's namespaces (hpcpar.vcluster.netns)
 
 
 def _say(msg: str) -> None:
     print(f"==> {msg}", flush=True)
 
 
-def _run(*cmd: str | Path, env: dict[str, str] | None = None, timeout: float | None = None) -> None:
-    _say(" ".join(str(c) for c in cmd))
+def bin_dir(venv: Path = VENV) -> Path:
+    """The folder of a venv's executables."""
+    return venv / ("Scripts" if os.name == "nt" else "bin")
+
+
+# ---- process supervision (Linux: prctl; elsewhere signals are forwarded only) ----
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    with contextlib.suppress(OSError):
+        return ctypes.CDLL(None, use_errno=True)
+    return None
+
+
+_LIBC = _libc()
+_REAPING: list[bool] = []  # set by main(): this process adopts and ends its steps' orphans
+
+
+def _end_with_parent() -> None:
+    """In a step's process, between fork and exec: SIGTERM it when this process dies."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+
+def _children() -> list[int]:
+    """This process's living children (orphans adopted as subreaper included)."""
+    mine, found = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        if int(fields[1]) == mine and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _collect_zombies() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+def _end_leftovers() -> None:
+    """End every process the step left (adopted orphans: daemons, MPI launchers)."""
+    for _ in range(10):  # an ended daemon's own children are adopted in turn
+        _collect_zombies()
+        left = _children()
+        if not left:
+            return
+        _say(f"ending {len(left)} process(es) the step left running: {left}")
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and _children():
+                _collect_zombies()
+                time.sleep(0.1)
+            if not _children():
+                break
+
+
+def _namespaces() -> set[str]:
+    if shutil.which("ip") is None:
+        return set()
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    return {line.split()[0] for line in listing.stdout.splitlines() if line.strip()}
+
+
+def _remove_namespaces(before: set[str]) -> None:
+    """Take down a virtual cluster that the step brought up and left (none was up before)."""
+    if any(n.startswith(VCLUSTER_PREFIX) for n in before):
+        return
+    if any(n.startswith(VCLUSTER_PREFIX) for n in _namespaces()):
+        _say("taking down the virtual cluster the step left up")
+        hpcpar = bin_dir() / "hpcpar"
+        if hpcpar.exists():
+            subprocess.run([str(hpcpar), "vcluster", "down"], check=False)
+
+
+def supervise(argv: list[str], env: dict[str, str] | None = None) -> int:
+    """Run ``argv`` in a group of its own; its exit status, or 128+N after signal N.
+
+    Signals to this process go to the step's group; after ``STOP_GRACE_S`` the group is
+    killed. Run from ``main`` (the process adopts orphans), whatever the step left
+    running, or left up, is ended afterwards.
+    """
+    netns_before = _namespaces() if _REAPING else set()
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True,
+                            preexec_fn=_end_with_parent)  # fmt: skip
+    stopped: list[tuple[int, float]] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        stopped.append((signum, time.monotonic()))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, forward) for s in stops}
     try:
-        code = subprocess.call([str(c) for c in cmd], cwd=ROOT, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _say(f"timed out after {timeout:g} s: {' '.join(str(c) for c in cmd)}")
-        sys.exit(124)
+        while True:
+            try:
+                code = proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if stopped and time.monotonic() - stopped[0][1] > STOP_GRACE_S:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the step's group, if any of it is left
+        if _REAPING:
+            _end_leftovers()
+            _remove_namespaces(netns_before)
+    return 128 + int(stopped[0][0]) if stopped else code
+
+
+def _run(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
+    argv = [str(c) for c in cmd]
+    _say(" ".join(argv))
+    code = supervise(argv, env)
     if code != 0:
-        _say(f"failed with exit status {code}: {' '.join(str(c) for c in cmd)}")
+        _say(f"failed with exit status {code}: {' '.join(argv)}")
         sys.exit(code)
+
+
+# ---- set-up ----
 
 
 def _fingerprint(extras: str) -> str:
@@ -54,28 +198,33 @@ def _fingerprint(extras: str) -> str:
     return digest.hexdigest()
 
 
-def setup(extras: str) -> None:
-    """Create .venv and install hpcpar (editable) with ``extras``, unless already done."""
+def setup(extras: str, venv: Path = VENV) -> None:
+    """Create ``venv`` and install hpcpar (editable) with ``extras``, unless already done."""
     want = _fingerprint(extras)
-    if PY.exists() and STAMP.exists() and STAMP.read_text().strip() == want:
+    py, stamp = bin_dir(venv) / "python", venv / ".hpcpar-setup"
+    if py.exists() and stamp.exists() and stamp.read_text().strip() == want:
         return
-    if not PY.exists():
-        _run(sys.executable, "-m", "venv", VENV)
-    _run(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip", "setuptools>=64", "wheel")
-    _run(PY, "-m", "pip", "install", "--quiet", "-e", f".[{extras}]" if extras else ".")
-    STAMP.write_text(want + "\n")
+    if not py.exists():
+        _run(sys.executable, "-m", "venv", venv)
+    _run(py, "-m", "pip", "install", "--quiet", "--upgrade", "pip", "setuptools>=64", "wheel")
+    _run(py, "-m", "pip", "install", "--quiet", "-e", f".[{extras}]" if extras else ".")
+    stamp.write_text(want + "\n")
 
 
-def _mpi_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("HPCPAR_TIMEOUT", str(JOB_TIMEOUT_S))
-    return env
+# ---- the two commands ----
+
+
+def demo_argv(venv: Path = VENV, *demo_args: str) -> list[str]:
+    """The demo's command line: 'hpcpar demo' on 4 ranks over two virtual nodes."""
+    hpcpar = str(bin_dir(venv) / "hpcpar")
+    return [hpcpar, "launch", "-n", "4", "--layout", "ppn:2", "--timeout", "600", "--", "demo",
+            *demo_args]  # fmt: skip
 
 
 def demo() -> None:
-    """Run the main job: 'hpcpar demo' on 4 ranks over two virtual nodes (plots need matplotlib)."""
-    setup("plot")
-    _run(BIN / "hpcpar", "launch", "-n", "4", "--layout", "ppn:2", "--timeout", "600", "--", "demo")
+    """Set up .venv with what the demo uses ([demo]) and run the main job."""
+    setup(DEMO_EXTRAS)
+    _run(*demo_argv())
 
 
 def ensure_slurm() -> None:
@@ -108,38 +257,25 @@ def ensure_slurm() -> None:
 def test(pytest_args: list[str], quick: bool = False) -> None:
     """Lint, then run every test serially (MPI tests at one rank) and at 2, 3 and 4 ranks.
 
-    ``quick``: only the tests not marked ``slow`` (those that start whole jobs), serially
-    and at 2 ranks, for the edit-test loop; CI runs everything.
+    The serial tests run ``SERIAL_WORKERS`` at a time. ``quick``: only the tests not
+    marked ``slow`` (those that start whole jobs), serially and at 2 ranks, for the
+    edit-test loop; CI runs everything, the demo in its own environment included.
     """
-    setup("test")
+    setup(TEST_EXTRAS)
     if not quick:
         ensure_slurm()
     started = time.monotonic()
-    _run(PY, "-m", "ruff", "check", ".")
-    _run(PY, "-m", "ruff", "format", "--check", ".")
+    py, hpcpar = bin_dir() / "python", bin_dir() / "hpcpar"
+    _run(py, "-m", "ruff", "check", ".")
+    _run(py, "-m", "ruff", "format", "--check", ".")
     serial, under_mpi = (["-m", "not slow"], "mpi and not slow") if quick else ([], "mpi")
     tally = tempfile.mkdtemp(prefix="hpcpar-reliability-")  # each session's figures
-    os.environ["HPCPAR_RELIABILITY_DIR"] = tally
-    _run(PY, "-m", "pytest", "--with-mpi", *serial, *pytest_args, timeout=JOB_TIMEOUT_S)
+    env = dict(os.environ, HPCPAR_RELIABILITY_DIR=tally)
+    workers = ["-n", str(SERIAL_WORKERS), "--dist", "loadgroup"] if SERIAL_WORKERS > 1 else []
+    _run(py, "-m", "pytest", "--with-mpi", *workers, *serial, *pytest_args, env=env)
     for ranks in RANKS_UNDER_MPI[:1] if quick else RANKS_UNDER_MPI:
-        _run(
-            BIN / "hpcpar",
-            "launch",
-            "-n",
-            str(ranks),
-            "--timeout",
-            str(JOB_TIMEOUT_S),
-            "--",
-            "python",
-            "-m",
-            "pytest",
-            "--with-mpi",
-            "-m",
-            under_mpi,
-            "-q",
-            *pytest_args,
-            env=_mpi_env(),
-        )
+        _run(hpcpar, "launch", "-n", str(ranks), "--", "python", "-m", "pytest", "--with-mpi",
+             "-m", under_mpi, "-q", *pytest_args, env=env)  # fmt: skip
     _say(f"all tests passed in {time.monotonic() - started:.0f} s")
     sys.path.insert(0, str(ROOT / "tests" / "helpers"))
     from reliability import total
@@ -150,11 +286,18 @@ def test(pytest_args: list[str], quick: bool = False) -> None:
     shutil.rmtree(tally, ignore_errors=True)
 
 
+def adopt_orphans() -> None:
+    """Become the subreaper of every step, so that nothing a step starts outlives it."""
+    if _LIBC is not None and _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
+        _REAPING.append(True)
+
+
 def main() -> None:
     """Dispatch ``demo`` or ``test``."""
     if len(sys.argv) < 2 or sys.argv[1] not in ("demo", "test"):
         print(__doc__.strip(), file=sys.stderr)
         sys.exit(2)
+    adopt_orphans()
     if sys.argv[1] == "demo":
         demo()
     else:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,6 +182,24 @@ def plan_launch(
     return LaunchPlan(argv, env, launcher, notes)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _ends_with_launcher() -> Callable[[], None] | None:
+    """A pre-exec hook that SIGKILLs the MPI launcher's process when this launcher dies.
+
+    However the launcher ends (SIGKILL included), mpiexec then goes, and with it its
+    proxies and every rank: no orphaned proxy keeps starting ranks. Linux only (None
+    elsewhere). libc is loaded here, in the parent, so the hook imports nothing.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None).prctl
+    return lambda: prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
 def _kill_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -263,7 +281,8 @@ def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
 
 def _run(plan: LaunchPlan, timeout: float | None, env: dict[str, str]) -> int:
     shm_before = _shm_segments()
-    proc = subprocess.Popen(plan.argv, env=env, start_new_session=True)
+    proc = subprocess.Popen(plan.argv, env=env, start_new_session=True,
+                            preexec_fn=_ends_with_launcher())  # fmt: skip
     stopped: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:

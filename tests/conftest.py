@@ -8,12 +8,16 @@ to finish that test; if they don't (they are blocked in a collective the failed 
 never entered) it prints its traceback and aborts the job. A test that runs past its
 pytest-timeout limit prints which test and where every thread was, then aborts the
 job. Only rank 0 prints pytest's report.
+
+Outside MPI, SIGTERM and SIGHUP stop a run as Ctrl-C does: pytest then tears down
+every fixture, so a stopped run leaves no Slurm daemon, virtual cluster or job behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -98,11 +102,23 @@ class _Lockstep:
 _lockstep: _Lockstep | None = None
 
 
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+
+def _stop_like_ctrl_c() -> None:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, so pytest runs every fixture's teardown."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _interrupt)
+
+
 @pytest.hookimpl(trylast=True)  # after the terminal reporter exists, so it can be removed
 def pytest_configure(config: pytest.Config) -> None:
     global _lockstep, _capture
     config.pluginmanager.register(reliability.Plugin(_RANK), "hpcpar-reliability")
     if not _UNDER_MPI:
+        _stop_like_ctrl_c()
         return
     _capture = config.pluginmanager.getplugin("capturemanager")
     _lockstep = _Lockstep()

@@ -178,3 +178,48 @@ def test_a_rank_that_ends_the_job_on_purpose_gives_the_job_its_status(tmp_path, 
                          text=True, timeout=100)  # fmt: skip
     assert run.returncode == 4, run.stderr
     assert "left the job without finishing" not in run.stderr, run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal")
+def test_a_killed_launcher_takes_its_whole_job_with_it(tmp_path):
+    """SIGKILL to hpcpar launch (no chance to clean up) still ends mpiexec, proxies, ranks."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    script = tmp_path / "wait.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from mpi4py import MPI\n"
+        "MPI.COMM_WORLD.Barrier()\n"
+        "open(os.path.join(sys.argv[1], f'rank-{os.getpid()}'), 'w').close()\n"
+        "time.sleep(100)\n"
+    )
+    mine = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "HPCPAR_"))}
+    launcher = subprocess.Popen([sys.executable, "-m", "hpcpar", "launch", "-n", "3", "--",
+                                 "python", str(script), str(tmp_path)], env=mine)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("rank-*"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ranks = [int(p.name.split("-")[1]) for p in tmp_path.glob("rank-*")]
+        assert len(ranks) == 3
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=10)
+
+        def alive(pid):
+            try:
+                return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+            except OSError:
+                return False
+
+        deadline = time.monotonic() + 30
+        while any(map(alive, ranks)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in ranks if alive(pid)]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()

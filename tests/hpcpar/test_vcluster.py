@@ -11,6 +11,8 @@ import pytest
 
 from hpcpar.vcluster.netns import ClusterSpec, VClusterError, _setup_commands, parse_link, plan_run
 
+pytestmark = pytest.mark.xdist_group("vcluster")  # one virtual cluster on the machine at a time
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -45,8 +47,9 @@ def namespaces_work() -> str | None:
         return "needs root"
     if not all(shutil.which(t) for t in ("ip", "tc", "unshare")):
         return "needs ip, tc and unshare (iproute2, util-linux)"
-    probe = subprocess.run(["ip", "netns", "add", "hpv-probe"], capture_output=True, text=True)
-    subprocess.run(["ip", "netns", "del", "hpv-probe"], capture_output=True)
+    name = f"hpv-probe-{os.getpid()}"  # each pytest worker probes with a name of its own
+    probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
     return (
         None if probe.returncode == 0 else f"cannot make network namespaces: {probe.stderr.strip()}"
     )

@@ -13,7 +13,10 @@ from hpcpar.cli.jobs import APPS, render_sbatch, submit
 from hpcpar.cli.main import main
 from hpcpar.errors import HpcparError, UsageError
 
-pytestmark = pytest.mark.slow  # starts whole jobs: left out of dev.py test --quick
+pytestmark = [
+    pytest.mark.slow,  # starts whole jobs: left out of dev.py test --quick
+    pytest.mark.xdist_group("slurm"),  # one local Slurm at a time
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 HPCPAR = str(Path(sys.executable).with_name("hpcpar"))

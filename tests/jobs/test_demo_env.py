@@ -1,0 +1,47 @@
+"""The main job runs in an environment holding only what ``python3 dev.py demo`` installs.
+
+The environment is built by dev.py's own set-up code with the demo's extras, in
+``.venv-demo`` (kept while setup.cfg and pyproject.toml are unchanged), never from the
+test environment, so a module the demo imports but does not declare fails here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import pytest
+from launching import clean_env
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_VENV = ROOT / ".venv-demo"
+
+pytestmark = pytest.mark.slow  # builds an environment and starts whole jobs
+
+
+def load_dev():
+    """dev.py, the README's two commands, as a module."""
+    spec = importlib.util.spec_from_file_location("hpcpar_dev", ROOT / "dev.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(1800)
+def test_the_demo_passes_with_only_its_own_setup(tmp_path):
+    dev = load_dev()
+    dev.setup(dev.DEMO_EXTRAS, DEMO_VENV)
+    env = clean_env()
+    env.pop("VIRTUAL_ENV", None)
+    argv = dev.demo_argv(DEMO_VENV, "--results", str(tmp_path / "demo-results"))
+    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900, check=False)  # fmt: skip
+    logs = "\n".join(p.read_text() for p in sorted((tmp_path / "demo-results").glob("*.log")))
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}\n{logs[-3000:]}"
+    assert "demo passed" in proc.stdout
+    # the environment really is the demo's: nothing of the test extras is in it
+    listed = subprocess.run([str(dev.bin_dir(DEMO_VENV) / "python"), "-m", "pip", "list"],
+                            capture_output=True, text=True, check=True).stdout.lower()  # fmt: skip
+    assert "pytest" not in listed and "torch" not in listed
+    assert "scikit-learn" in listed and "matplotlib" in listed
