@@ -144,8 +144,9 @@ def supervise(argv: list[str], env: dict[str, str] | None = None) -> int:
     running, or left up, is ended afterwards.
     """
     netns_before = _namespaces() if _REAPING else set()
+    # the pre-exec hook makes one system call (prctl) and takes no lock: safe with threads
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True,
-                            preexec_fn=_end_with_parent)  # fmt: skip
+                            preexec_fn=_end_with_parent)  # noqa: PLW1509  # fmt: skip
     stopped: list[tuple[int, float]] = []
 
     def forward(signum: int, _frame: object) -> None:

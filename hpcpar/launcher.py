@@ -281,8 +281,9 @@ def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
 
 def _run(plan: LaunchPlan, timeout: float | None, env: dict[str, str]) -> int:
     shm_before = _shm_segments()
+    # the pre-exec hook makes one system call (prctl) and takes no lock: safe with threads
     proc = subprocess.Popen(plan.argv, env=env, start_new_session=True,
-                            preexec_fn=_ends_with_launcher())  # fmt: skip
+                            preexec_fn=_ends_with_launcher())  # noqa: PLW1509  # fmt: skip
     stopped: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
