@@ -111,7 +111,8 @@ def _begin(
                                check.get("count", check.get("counts")), check.get("dtype"),
                                op, check.get("root"), depth=4)  # fmt: skip
     if guard.ENABLED[0]:  # the always-on mismatch guard (guard.py)
-        state.guard_sum += guard.signature(collective, chosen.name, op.name if op else None, check)
+        mark = guard.signature(collective, chosen.name, op.name if op else None, check)
+        state.guard_sum = guard.fold(state.guard_sum, mark)
         if state._sequence >= state.guard_next:
             guard.verify(state, collective)
     return chosen, call

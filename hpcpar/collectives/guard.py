@@ -8,10 +8,14 @@ catches the same mistakes at almost no cost, with no setting.
 
 Each call folds a signature of what must match across ranks (the operation, the
 algorithm that runs, the op and the call's ``HPCPAR_CHECK`` fields: count, dtype, root,
-...) into a sum kept on the communicator's state. At the calls numbered 1, 2, 4, ...,
-``EVERY`` and then every ``EVERY``-th on a communicator, before that call moves any
-data, the ranks compare the sums of the calls since the last comparison with one
-16-byte allreduce. Sums that differ raise ``CollectiveMismatchError`` on every rank,
+...) into a hash chained over the sequence of calls, ``h = h * CHAIN + signature``
+modulo 2**62, kept on the communicator's state: the order of the calls counts, so two
+calls swapped on one rank change it as a changed call does (a plain sum would cancel).
+``CHAIN`` is 3 modulo 8, which keeps any swap of two different signatures less than
+256 calls apart from cancelling. At the calls numbered 1, 2, 4, ..., ``EVERY`` and then
+every ``EVERY``-th on a communicator, before that call moves any data, the ranks
+compare the hashes of the calls since the last comparison with one 16-byte allreduce.
+Hashes that differ raise ``CollectiveMismatchError`` on every rank,
 naming the first call that differed and what each rank called (from the flight
 record), so a mismatch from the first call on is caught before it computes anything
 and a later one within ``EVERY`` calls. ``hpcpar bench guard`` measures the cost.
@@ -29,11 +33,17 @@ from ..layout import format_ranks
 from ..runtime import flight
 from .errors import CollectiveMismatchError
 
-__all__ = ["EVERY", "ENABLED", "signature", "verify", "set_enabled"]
+__all__ = ["EVERY", "ENABLED", "CHAIN", "MASK", "fold", "signature", "verify", "set_enabled"]
 
 EVERY = 256  # calls between comparisons, once the first ones (1, 2, 4, ...) are done
 ENABLED = [True]  # off only to measure the guard's cost (every rank at the same call)
-_MASK = (1 << 62) - 1
+MASK = (1 << 62) - 1
+CHAIN = 0x1F3D5B79A5C3E2B3  # odd, 3 modulo 8: see the module docstring
+
+
+def fold(chained: int, mark: int) -> int:
+    """The guard's hash after one more call of signature ``mark`` (the fast path inlines it)."""
+    return (chained * CHAIN + mark) & MASK
 
 
 _KNOWN: dict[tuple[Any, ...], int] = {}  # signatures of calls seen (a loop repeats them)
@@ -76,7 +86,7 @@ def verify(state: Any, collective: str) -> None:
     first = state.guard_from
     state.guard_next = seq + min(seq, EVERY)
     state.guard_from = seq
-    mine = state.guard_sum & _MASK
+    mine = state.guard_sum & MASK
     state.guard_sum = 0
     both = np.array([mine, -mine], dtype=np.int64)
     state.private.Allreduce(MPI.IN_PLACE, both, MPI.MAX)

@@ -246,3 +246,74 @@ def test_the_guard_passes_the_same_call_made_through_either_path(comm):
             assert_all(np.array_equal(got, expect), f"{got} vs {expect}", comm)
     finally:
         fresh.Free()
+
+
+def _random_calls(rng, length):
+    """A call sequence: (blocking, count, dtype, op) of allreduces of 1-4 8-byte elements."""
+    return [(bool(rng.integers(2)), int(rng.integers(1, 5)),
+             np.float64 if rng.integers(2) else np.int64,
+             MPI.SUM if rng.integers(3) else MPI.MAX) for _ in range(length)]  # fmt: skip
+
+
+def _perturbed(calls, kind, at):
+    """``calls`` with one change at ``at`` that MPI cannot see: each position keeps its
+    count and element size, so the library runs the same steps and returns wrong sums
+    (a changed count or element size can make it choose other steps and hang)."""
+    mine = list(calls)
+    blocking, count, dtype, op = mine[at]
+    if kind == "swap":  # the two calls' arguments change places, each keeps its call kind
+        other = mine[at + 1]
+        mine[at], mine[at + 1] = (blocking, *other[1:]), (other[0], count, dtype, op)
+    elif kind == "dtype":
+        mine[at] = (blocking, count, np.int64 if dtype is np.float64 else np.float64, op)
+    else:
+        mine[at] = (blocking, count, dtype, MPI.MAX if op is MPI.SUM else MPI.SUM)
+    return mine
+
+
+@pytest.mark.reliability("bad_input")
+@pytest.mark.timeout(300)
+def test_the_guard_reports_any_one_reordered_or_changed_call(comm, monkeypatch, record_property):
+    """Random sequences of blocking and nonblocking allreduces through the library's call,
+    one call's dtype or op changed, or two calls swapped, on one rank (counts and element
+    sizes kept, so MPI itself sees nothing and returns wrong sums): every rank raises
+    CollectiveMismatchError, together, within 256 calls of the change."""
+    if comm.Get_size() < 2:
+        pytest.skip("needs two ranks to disagree")
+    monkeypatch.delenv("HPCPAR_CHECK", raising=False)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    seed = comm.bcast(int(np.random.SeedSequence().entropy % (1 << 32)) if rank == 0 else None)
+    rng = np.random.default_rng(seed)
+    trials = 0
+    for trial in range(15):
+        kind = ("swap", "dtype", "op")[trial % 3]
+        # the issue's cases first (#2/#3, #300/#301, #301/#302), then random positions
+        at = (2, 300, 301)[trial] if trial < 3 else int(rng.integers(0, 700))
+        calls = _random_calls(rng, at + 2 + 260)
+        while kind == "swap" and calls[at][2:] == calls[at + 1][2:]:  # a swap that changes
+            calls[at + 1] = _random_calls(rng, 1)[0]
+        calls[at + 1] = (calls[at + 1][0], calls[at][1], *calls[at + 1][2:])  # same count
+        victim = int(rng.integers(size))
+        mine = _perturbed(calls, kind, at) if rank == victim else calls
+        algorithm = ("mpi", "auto")[int(rng.integers(2))]  # auto: the library's call here
+        fresh = comm.Dup()
+        reported = None
+        try:
+            for i, (blocking, count, dtype, op) in enumerate(mine):
+                x = np.full(count, 1.0 + rank, dtype=dtype)
+                try:
+                    if blocking:
+                        hpcpar.allreduce(x, op, comm=fresh, algorithm=algorithm)
+                    else:
+                        hpcpar.iallreduce(x, op, comm=fresh, algorithm=algorithm).wait()
+                except CollectiveMismatchError:
+                    reported = i
+                    break
+        finally:
+            fresh.Free()
+        where = f"seed {seed}, trial {trial}: {kind} at #{at} on rank {victim} ({algorithm})"
+        assert_all(reported is not None, f"never reported: {where}", comm)
+        assert_all(at <= reported <= at + 1 + 256, f"reported at #{reported}: {where}", comm)
+        assert_all(comm.allgather(reported) == [reported] * size, f"not together: {where}", comm)
+        trials += 1
+    record_property("reliability_cases", trials)
