@@ -18,7 +18,8 @@ actions:
            and how each array is laid out (sharded: its block; replicated)
   export   one version (--step, default the newest) as one HDF5 file (--to FILE.h5)
            of global arrays: sharded ones assembled, replicated ones once, per-rank
-           ones along a leading rank axis; values and the step as attributes
+           ones along a leading rank axis; values and the step as attributes.
+           --to lies outside the checkpoint; --force replaces a regular file there
   inject   damage a checkpoint on purpose (to test restores):
              --fault delete-node --node N
              --fault flip --level L --step S --rank R [--offset B]
@@ -48,7 +49,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fault", choices=("delete-node", "flip", "truncate-manifest"), help="inject: what"
     )
     parser.add_argument("--node", type=integer(0), help="inject delete-node: the node index")
-    parser.add_argument("--to", help="export: the HDF5 file to write")
+    parser.add_argument(
+        "--to", help="export: the HDF5 file to write (outside the checkpoint's folders)"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="export: replace --to if it is a regular file"
+    )
     parser.add_argument(
         "--offset", type=integer(None), default=-100, help="inject flip: byte offset"
     )
@@ -111,7 +117,7 @@ def _export(root: Any, args: argparse.Namespace) -> str:
     if not args.to:
         raise CheckpointError("export needs --to FILE.h5")
     local = Path(args.local_dir) if args.local_dir else None
-    step = export(root, Path(args.to), args.step, local)
+    step = export(root, Path(args.to), args.step, local, force=args.force)
     return f"exported version {step} of {root} to {args.to}"
 
 

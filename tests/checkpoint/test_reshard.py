@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 
 import numpy as np
@@ -336,13 +337,52 @@ def test_export_and_inspect_from_the_command_line(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "sharded: block at (0,) of (6,)" in text and "replicated" in text
     assert ".tree" not in text and ".layout" not in text
-    to = ["--to", str(out)]
+    to = ["--to", str(out), "--force"]  # out exists: replacing it is allowed
     for args, message in ((["--step", "8", *to], "version 8"), ([], "needs --to"),
                           (["--to", str(tmp_path / "no" / "x.h5")], "x.h5")):  # fmt: skip
         assert main(["checkpoint", "export", str(root), *args]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "no").exists() and out.exists()  # nothing half-written
+
+
+@pytest.mark.reliability("bad_input")
+@pytest.mark.skipif(SIZE > 1, reason="the command line runs in the one-rank session")
+def test_export_never_writes_over_the_checkpoint_a_device_or_a_file_unasked(tmp_path, capsys):
+    import h5py
+    from hpcpar.checkpoint.inspect import scan
+
+    from hpcpar.cli.main import main
+
+    root, local = tmp_path / "ck", tmp_path / "node-local"
+    with Checkpointer(root, comm=None, levels=["local"], local_dir=local) as ck:
+        ck.save(3, {"w": np.arange(6.0), "step": 41, "ranks": "mine"}).wait()
+    before = {p: p.read_bytes() for p in [*root.rglob("*"), *local.rglob("*")] if p.is_file()}
+    metadata = next(p for p in before if p.name == "hpcpar-checkpoint.json")
+    shard = next(p for p in before if p.suffix == ".shard")
+    kept = tmp_path / "kept.h5"
+    kept.write_bytes(b"mine")
+    refused = [(metadata, "inside the checkpoint's folder"), (shard, "inside the checkpoint"),
+               (root / "new.h5", "inside the checkpoint"), (local / "x.h5", "inside the check"),
+               (kept, "exists; pass --force"), (tmp_path, "not a regular file")]  # fmt: skip
+    if os.path.exists("/dev/null"):
+        refused.append((type(tmp_path)("/dev/null"), "not a regular file"))
+    for to, message in refused:
+        assert main(["checkpoint", "export", str(root), "--local-dir", str(local),
+                     "--to", str(to), "--force" if to != kept else "--step=3"]) == 2  # fmt: skip
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, (to, err)
+    after = {p: p.read_bytes() for p in [*root.rglob("*"), *local.rglob("*")] if p.is_file()}
+    assert after == before and kept.read_bytes() == b"mine"
+    assert scan(root, local)["levels"]["local"]["committed"] == [3]
+    # asked to: a regular file is replaced; the state's "step" and "ranks" are kept apart
+    assert main(["checkpoint", "export", str(root), "--local-dir", str(local),
+                 "--to", str(kept), "--force"]) == 0  # fmt: skip
+    with h5py.File(kept, "r") as f:
+        assert f.attrs["step"] == 3 and f.attrs["ranks"] == 1
+        assert f.attrs["state/step"] == 41 and f.attrs["state/ranks"] == "mine"
+        assert np.array_equal(f["w"][0], np.arange(6.0))  # a per-rank array: a rank axis
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 @pytest.mark.reliability("fault")
