@@ -10,6 +10,7 @@ the failing rank prints its line and aborts the job with status 2 so nothing han
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any, NoReturn
@@ -96,8 +97,25 @@ def _run_with_mpi(command: Command, args: argparse.Namespace) -> int:
     return int(status or 0)
 
 
+CLOSED_PIPE_EXIT = 128 + 13  # as a Unix tool killed by SIGPIPE: the reader went away
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``hpcpar`` command line and return the exit status."""
+    """Run the ``hpcpar`` command line and return the exit status.
+
+    Output to a pipe whose reader has gone (``hpcpar checkpoint ls DIR | head -2``)
+    ends the command quietly with ``CLOSED_PIPE_EXIT``, as the Unix tools end.
+    """
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe prints a traceback
+        return status
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return CLOSED_PIPE_EXIT
+
+
+def _main(argv: list[str] | None) -> int:
     rank, _ = launcher_rank_size()
     try:
         parser = build_parser()

@@ -191,3 +191,25 @@ def test_the_demo_results_folder_may_exist_already_but_not_be_a_file(tmp_path):
     plain.write_text("")
     with pytest.raises(UsageError, match="is a file, not a folder"):
         build_parser().parse_args(["demo", "--results", str(plain)])
+
+
+@pytest.mark.reliability("bad_input")
+@pytest.mark.parametrize("args", [["info"], ["checkpoint", "ls", "CKPT"]])
+def test_output_to_a_closed_pipe_ends_quietly(tmp_path, args):
+    """``hpcpar ... | head -2``: the reader closes the pipe before the command writes; the
+    command stops with SIGPIPE's status, as the Unix tools do, and prints no traceback."""
+    import subprocess
+
+    from hpcpar.checkpoint import Checkpointer
+
+    root = tmp_path / "ck"
+    with Checkpointer(root, comm=None, levels=["local"]) as ck:
+        for step in range(1, 40):
+            ck.save(step, {"x": step}).wait()
+    argv = [sys.executable, "-m", "hpcpar", *(str(root) if a == "CKPT" else a for a in args)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=clean_env())  # fmt: skip
+    proc.stdout.close()  # long before the command has imported anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert err == "", err
