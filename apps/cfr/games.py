@@ -12,6 +12,7 @@ so they compile to the same trees (tested against OpenSpiel).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from hpcpar.errors import HpcparError
@@ -235,6 +236,22 @@ class OpenSpielState:
 
 
 BUILTIN_GAMES = {"kuhn_poker": KuhnState, "leduc_poker": LeducState}
+MAX_MOVES = 5_000  # the deepest game the tree compiler walks (tree.compile_tree recurses)
+_GAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\(.*\))?")
+
+
+def _check_game_string(name: str) -> None:
+    """Refuse a game string that is not NAME or NAME(PARAMETERS) with balanced brackets."""
+    depth = 0
+    for char in name:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:
+            break
+    if not _GAME.fullmatch(name.strip()) or depth != 0:
+        raise CfrError(
+            f"bad game string {name!r}: expected NAME or NAME(KEY=VALUE,...) with balanced "
+            "brackets, such as liars_dice(numdice=1)"
+        )
 
 
 def root_state(name: str, source: str = "auto") -> Any:
@@ -262,6 +279,7 @@ def root_state(name: str, source: str = "auto") -> Any:
             f"game {name!r} needs OpenSpiel (pip install open_spiel); "
             f"built in: {', '.join(BUILTIN_GAMES)}"
         ) from None
+    _check_game_string(name)
     base = name.split("(", 1)[0].strip()
     if base not in pyspiel.registered_names():
         raise CfrError(
@@ -270,8 +288,16 @@ def root_state(name: str, source: str = "auto") -> Any:
         )
     try:
         game = pyspiel.load_game(name)
-    except pyspiel.SpielError as exc:
-        raise CfrError(f"unknown game {name!r}: {str(exc).splitlines()[0][:120]}") from None
+        moves = game.max_game_length()
+        root = game.new_initial_state()
+    except (pyspiel.SpielError, ValueError, RuntimeError, MemoryError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+        raise CfrError(f"game {name!r} cannot be made (bad parameters?): {first}") from None
+    if not 0 < moves <= MAX_MOVES:
+        raise CfrError(
+            f"game {name!r}: games of up to {MAX_MOVES} moves can be solved, this one has "
+            f"up to {moves} (bad parameters?)"
+        )
     kind = game.get_type()
     problems = []
     if game.num_players() != 2:
@@ -286,4 +312,4 @@ def root_state(name: str, source: str = "auto") -> Any:
         raise CfrError(
             f"game {name!r} is not a two-player zero-sum sequential game: {', '.join(problems)}"
         )
-    return OpenSpielState(game.new_initial_state())
+    return OpenSpielState(root)

@@ -201,3 +201,20 @@ def test_cli_run_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_policy(
         assert (tmp_path / "plain.json").read_text() == (
             tmp_path / f"resumed{ranks}.json"
         ).read_text(), ranks
+
+
+@pytest.mark.reliability("bad_input")
+@pytest.mark.parametrize(
+    ("game", "message"),
+    [("liars_dice(numdice=-1)", "cannot be made"), ("liars_dice(numdice=100000)", "5000 moves"),
+     ("liars_dice(numdice=1))", "balanced"), ("liars_dice(numdice=1", "balanced"),
+     ("liars dice", "bad game string")],
+)  # fmt: skip
+def test_bad_game_strings_are_one_line_errors_at_once(game, message, capsys):
+    """Each is refused before any tree is built: one line, exit status 2."""
+    pytest.importorskip("pyspiel")
+    from hpcpar.cli.main import main
+
+    assert main(["cfr", "--game", game, "--iterations", "1"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
