@@ -200,6 +200,26 @@ def _ends_with_launcher() -> Callable[[], None] | None:
     return lambda: prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
+def _end_strays(marker: bytes) -> list[int]:
+    """Kill the processes of an ended job that outlived it; their ids.
+
+    Every process of a job inherits ``marker`` (its exit-record folder) in its
+    environment, also those outside the job's process group: MPI proxies started in
+    other sessions, such as the virtual cluster's, whose ranks would otherwise spin on.
+    """
+    found = []
+    for entry in Path("/proc").iterdir() if sys.platform.startswith("linux") else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue  # gone, or not ours to read
+    return found
+
+
 def _kill_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -261,7 +281,10 @@ def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
     A job that a rank ended on purpose (the watchdog) returns the status that rank gave.
     """
     with tempfile.TemporaryDirectory(prefix="hpcpar-exits-") as exits:
-        status = _run(plan, timeout, {**os.environ, **plan.env, EXIT_ENV: exits})
+        try:
+            status = _run(plan, timeout, {**os.environ, **plan.env, EXIT_ENV: exits})
+        finally:
+            _end_strays(f"{EXIT_ENV}={exits}".encode())
         gone = unfinished(Path(exits))
         chosen = sorted(set(ended(Path(exits)).values()))
     if chosen and status in (0, 9, 15, 137, 143, *chosen):

@@ -223,3 +223,45 @@ def test_a_killed_launcher_takes_its_whole_job_with_it(tmp_path):
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_process_of_the_job_outside_its_process_group_ends_with_the_job(tmp_path):
+    """A process of the job in a session of its own (as the virtual cluster's MPI proxies
+    are) is not reached by the kill of the job's group; the launcher ends it too."""
+    import os
+    import subprocess
+    import time
+
+    script = tmp_path / "stray.py"
+    script.write_text(
+        "import subprocess, sys\n"
+        "from mpi4py import MPI\n"
+        "if MPI.COMM_WORLD.rank == 0:\n"
+        "    p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],\n"
+        "                         start_new_session=True, stdout=subprocess.DEVNULL,\n"
+        "                         stderr=subprocess.DEVNULL)\n"
+        "    open(sys.argv[1], 'w').write(str(p.pid))\n"
+        "MPI.COMM_WORLD.Barrier()\n"
+    )
+    mine = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "HPCPAR_"))}
+    pid_file = tmp_path / "stray.pid"
+    run = subprocess.run([sys.executable, "-m", "hpcpar", "launch", "-n", "2", "--", "python",
+                          str(script), str(pid_file)], env=mine, capture_output=True, text=True,
+                         timeout=100)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    stray = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = open(f"/proc/{stray}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(stray, 9)
+        raise AssertionError("the job's process in another session outlived the job")
