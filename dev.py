@@ -36,7 +36,7 @@ VENV = ROOT / ".venv"
 DEMO_EXTRAS = "demo"  # setup.cfg's [demo]: everything 'hpcpar demo' needs beyond the core
 TEST_EXTRAS = "test"
 RANKS_UNDER_MPI = (2, 3, 4)
-SERIAL_WORKERS = 2  # serial tests run two at a time (pytest-xdist): one per core here
+LIGHT_WORKERS = 2  # tests that start no whole job run this many at a time (pytest-xdist)
 STOP_GRACE_S = 60.0  # after a forwarded signal, how long a step may tear down
 VCLUSTER_PREFIX = "hpv-"  # the virtual cluster's namespaces (hpcpar.vcluster.netns)
 
@@ -76,8 +76,11 @@ def _end_with_parent() -> None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
-def _children() -> list[int]:
-    """This process's living children (orphans adopted as subreaper included)."""
+def _children(zombies: bool = False) -> list[int]:
+    """This process's children, orphans it adopted included.
+
+    The living ones, or with ``zombies`` the ended ones not yet collected.
+    """
     mine, found = os.getpid(), []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -87,15 +90,17 @@ def _children() -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        if int(fields[1]) == mine and fields[0] != "Z":
+        if int(fields[1]) == mine and (fields[0] == "Z") == zombies:
             found.append(int(entry.name))
     return found
 
 
-def _collect_zombies() -> None:
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
+def _collect_zombies(keep: int = 0) -> None:
+    """Collect the adopted orphans that ended (never ``keep``: the step, whose status counts)."""
+    for pid in _children(zombies=True):
+        if pid != keep:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
 
 
 def _end_leftovers() -> None:
@@ -162,6 +167,8 @@ def supervise(argv: list[str], env: dict[str, str] | None = None) -> int:
                 code = proc.wait(timeout=1.0)
                 break
             except subprocess.TimeoutExpired:
+                if _REAPING:
+                    _collect_zombies(keep=proc.pid)
                 if stopped and time.monotonic() - stopped[0][1] > STOP_GRACE_S:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
@@ -256,11 +263,12 @@ def ensure_slurm() -> None:
 
 
 def test(pytest_args: list[str], quick: bool = False) -> None:
-    """Lint, then run every test serially (MPI tests at one rank) and at 2, 3 and 4 ranks.
+    """Lint, then run every test (MPI tests at one rank), then the MPI tests at 2, 3, 4 ranks.
 
-    The serial tests run ``SERIAL_WORKERS`` at a time. ``quick``: only the tests not
-    marked ``slow`` (those that start whole jobs), serially and at 2 ranks, for the
-    edit-test loop; CI runs everything, the demo in its own environment included.
+    The tests that start no whole job run ``LIGHT_WORKERS`` at a time; those marked
+    ``slow`` (whole jobs, which use every core themselves) one at a time. ``quick``: only
+    the tests not marked ``slow``, in one process and at 2 ranks, for the edit-test
+    loop; CI runs everything, the demo in its own environment included.
     """
     setup(TEST_EXTRAS)
     if not quick:
@@ -269,11 +277,13 @@ def test(pytest_args: list[str], quick: bool = False) -> None:
     py, hpcpar = bin_dir() / "python", bin_dir() / "hpcpar"
     _run(py, "-m", "ruff", "check", ".")
     _run(py, "-m", "ruff", "format", "--check", ".")
-    serial, under_mpi = (["-m", "not slow"], "mpi and not slow") if quick else ([], "mpi")
+    under_mpi = "mpi and not slow" if quick else "mpi"
     tally = tempfile.mkdtemp(prefix="hpcpar-reliability-")  # each session's figures
     env = dict(os.environ, HPCPAR_RELIABILITY_DIR=tally)
-    workers = ["-n", str(SERIAL_WORKERS), "--dist", "loadgroup"] if SERIAL_WORKERS > 1 else []
-    _run(py, "-m", "pytest", "--with-mpi", *workers, *serial, *pytest_args, env=env)
+    workers = ["-n", str(LIGHT_WORKERS), "--dist", "loadgroup"] if LIGHT_WORKERS > 1 else []
+    _run(py, "-m", "pytest", "--with-mpi", "-m", "not slow", *workers, *pytest_args, env=env)
+    if not quick:
+        _run(py, "-m", "pytest", "--with-mpi", "-m", "slow", *pytest_args, env=env)
     for ranks in RANKS_UNDER_MPI[:1] if quick else RANKS_UNDER_MPI:
         _run(hpcpar, "launch", "-n", str(ranks), "--", "python", "-m", "pytest", "--with-mpi",
              "-m", under_mpi, "-q", *pytest_args, env=env)  # fmt: skip

@@ -70,9 +70,9 @@ def test_simulate_writes_the_map(tmp_path):
     proc = hpcpar(
         "simulate",
         "--nodes",
-        "1024",
+        "128",
         "--ppn",
-        "64",
+        "8",
         "--network",
         "2us,25GB/s",
         "--output",

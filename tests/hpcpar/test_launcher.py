@@ -122,6 +122,7 @@ def test_vendor_of(text, vendor):
     assert vendor_of(text) == vendor
 
 
+@pytest.mark.slow  # a whole job; and the shared memory of jobs run beside it would count
 @pytest.mark.skipif(not __import__("os").path.isdir("/dev/shm"), reason="needs /dev/shm")
 @pytest.mark.timeout(120)
 def test_a_killed_job_leaves_no_mpich_shared_memory(tmp_path):
@@ -152,6 +153,7 @@ def test_a_killed_job_leaves_no_mpich_shared_memory(tmp_path):
     assert not left, left
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("ender", [0, 2])
 def test_a_rank_that_ends_the_job_on_purpose_gives_the_job_its_status(tmp_path, ender):

@@ -1,4 +1,5 @@
-"""The main job runs in an environment holding only what ``python3 dev.py demo`` installs.
+"""The main job, as ``python3 dev.py demo`` runs it, in an environment holding only what
+that command installs: every step of the tour passes and writes its files.
 
 The environment is built by dev.py's own set-up code with the demo's extras, in
 ``.venv-demo`` (kept while setup.cfg and pyproject.toml are unchanged), never from the
@@ -8,6 +9,7 @@ test environment, so a module the demo imports but does not declare fails here.
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 from pathlib import Path
 
@@ -39,7 +41,23 @@ def test_the_demo_passes_with_only_its_own_setup(tmp_path):
                           timeout=900, check=False)  # fmt: skip
     logs = "\n".join(p.read_text() for p in sorted((tmp_path / "demo-results").glob("*.log")))
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}\n{logs[-3000:]}"
-    assert "demo passed" in proc.stdout
+    assert "demo passed" in proc.stdout and "FAILED" not in proc.stdout
+    results = tmp_path / "demo-results"
+    steps = json.loads((results / "tour.json").read_text())
+    assert [s["step"] for s in steps] == [
+        "collective + explain",
+        "SGD killed + resumed",
+        "CFR on Leduc poker",
+        "Graph500 BFS",
+        "SAT portfolio",
+    ]
+    assert all(s["ok"] for s in steps), steps
+    assert "bitwise equal" in steps[1]["figure"] and "killed (exit" in steps[1]["figure"]
+    for s in steps:  # every file it points to exists and is not empty
+        for name in s["files"]:
+            assert (results / name).stat().st_size > 0, name
+    png = (results / "cfr.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     # the environment really is the demo's: nothing of the test extras is in it
     listed = subprocess.run([str(dev.bin_dir(DEMO_VENV) / "python"), "-m", "pip", "list"],
                             capture_output=True, text=True, check=True).stdout.lower()  # fmt: skip
