@@ -36,7 +36,7 @@ VENV = ROOT / ".venv"
 DEMO_EXTRAS = "demo"  # setup.cfg's [demo]: everything 'hpcpar demo' needs beyond the core
 TEST_EXTRAS = "test"
 RANKS_UNDER_MPI = (2, 3, 4)
-LIGHT_WORKERS = 2  # tests that start no whole job run this many at a time (pytest-xdist)
+WORKERS = 2  # tests run this many at a time (pytest-xdist), but those marked "alone"
 STOP_GRACE_S = 60.0  # after a forwarded signal, how long a step may tear down
 VCLUSTER_PREFIX = "hpv-"  # the virtual cluster's namespaces (hpcpar.vcluster.netns)
 
@@ -265,10 +265,12 @@ def ensure_slurm() -> None:
 def test(pytest_args: list[str], quick: bool = False) -> None:
     """Lint, then run every test (MPI tests at one rank), then the MPI tests at 2, 3, 4 ranks.
 
-    The tests that start no whole job run ``LIGHT_WORKERS`` at a time; those marked
-    ``slow`` (whole jobs, which use every core themselves) one at a time. ``quick``: only
-    the tests not marked ``slow``, in one process and at 2 ranks, for the edit-test
-    loop; CI runs everything, the demo in its own environment included.
+    Tests run ``WORKERS`` at a time: first those that start no whole job, then the
+    whole-job tests (marked ``slow``); then, one at a time, those marked ``alone``
+    (machine-wide state such as Slurm and the virtual cluster, or timing across
+    namespaces). ``quick``: only the tests not marked ``slow``, and the MPI ones at 2
+    ranks, for the edit-test loop; CI runs everything, the demo in its own environment
+    included.
     """
     setup(TEST_EXTRAS)
     if not quick:
@@ -280,10 +282,13 @@ def test(pytest_args: list[str], quick: bool = False) -> None:
     under_mpi = "mpi and not slow" if quick else "mpi"
     tally = tempfile.mkdtemp(prefix="hpcpar-reliability-")  # each session's figures
     env = dict(os.environ, HPCPAR_RELIABILITY_DIR=tally)
-    workers = ["-n", str(LIGHT_WORKERS), "--dist", "loadgroup"] if LIGHT_WORKERS > 1 else []
-    _run(py, "-m", "pytest", "--with-mpi", "-m", "not slow", *workers, *pytest_args, env=env)
+    workers = ["-n", str(WORKERS), "--dist", "loadgroup"] if WORKERS > 1 else []
+    pytest = [py, "-m", "pytest", "--with-mpi", "-m"]
+    _run(*pytest, "not slow" if quick else "not slow and not alone", *workers, *pytest_args,
+         env=env)  # fmt: skip
     if not quick:
-        _run(py, "-m", "pytest", "--with-mpi", "-m", "slow", *pytest_args, env=env)
+        _run(*pytest, "slow and not alone", *workers, *pytest_args, env=env)
+        _run(*pytest, "alone", *pytest_args, env=env)
     for ranks in RANKS_UNDER_MPI[:1] if quick else RANKS_UNDER_MPI:
         _run(hpcpar, "launch", "-n", str(ranks), "--", "python", "-m", "pytest", "--with-mpi",
              "-m", under_mpi, "-q", *pytest_args, env=env)  # fmt: skip

@@ -118,6 +118,9 @@ def rank_command(command: Sequence[str], known_commands: Collection[str]) -> lis
     return [head, *rest]
 
 
+RANKS_PER_CORE = 8  # mpiexec on this host: more ranks per core only with oversubscribe
+
+
 def plan_launch(
     ranks: int,
     command: Sequence[str],
@@ -128,6 +131,7 @@ def plan_launch(
     environ: Mapping[str, str] | None = None,
     mpi: MPIInstallation | None = None,
     cores: int | None = None,
+    oversubscribe: bool = False,
 ) -> LaunchPlan:
     """Work out how to start ``command`` on ``ranks`` ranks.
 
@@ -142,12 +146,14 @@ def plan_launch(
         environ: The environment to decide from (``os.environ`` by default).
         mpi: The MPI installation (found with ``find_mpi`` by default).
         cores: Cores available (this process's affinity by default).
+        oversubscribe: Allow mpiexec more than ``RANKS_PER_CORE`` ranks per core here.
 
     Returns:
         The plan.
 
     Raises:
-        LaunchError: bad rank count, missing script or command, no launcher found.
+        LaunchError: bad rank count (far more ranks than this host's cores, unless
+            ``oversubscribe``), missing script or command, no launcher found.
     """
     environ = os.environ if environ is None else environ
     if ranks < 1:
@@ -174,6 +180,11 @@ def plan_launch(
         if mpi.mpiexec is None:
             raise LaunchError(
                 "launch: no mpiexec found for the MPI library mpi4py loads; set HPCPAR_MPIEXEC"
+            )
+        if ranks > RANKS_PER_CORE * cores and not oversubscribe:
+            raise LaunchError(
+                f"launch: -n {ranks} is more than {RANKS_PER_CORE} ranks per core on the "
+                f"{cores} core(s) here; pass --oversubscribe if you mean it"
             )
         argv = [mpi.mpiexec, "-n", str(ranks), *rank_argv]
         notes.append(f"mpiexec: {mpi.mpiexec} ({mpi.mpiexec_source})")

@@ -55,6 +55,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto: srun inside a Slurm allocation, else mpiexec (default: auto)",
     )
     parser.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help="allow more than 8 ranks per core of this host (mpiexec; refused otherwise)",
+    )
+    parser.add_argument(
         "--dry-run", action="store_true", help="print the command and environment, run nothing"
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="what every rank runs, after --")
@@ -97,6 +102,7 @@ def _run(_comm: Any, args: argparse.Namespace) -> int:
         layout=args.layout,
         launcher=args.launcher,
         known_commands=commands().keys(),
+        oversubscribe=args.oversubscribe,
     )
     if args.watchdog is not None:
         plan.env["HPCPAR_WATCHDOG"] = f"{args.watchdog:g}"

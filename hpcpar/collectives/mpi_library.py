@@ -125,6 +125,16 @@ class Reduction:
     def __enter__(self) -> tuple[Any, MPI.Op]:
         return self.spec, self.op
 
+    def spec_for(self, other: np.ndarray) -> Any:
+        """The buffer spec of ``other`` (the same dtype) with this reduction's element type.
+
+        A call with a send and a receive buffer needs one element type for both: MPI
+        (and mpi4py's check) wants their datatypes to match.
+        """
+        if self.element is None:
+            return other
+        return [other.reshape(-1).view(np.uint8), other.size, self.element]
+
     def __exit__(self, *exc: object) -> None:
         if self.element is not None:
             del _dispatch[self.element.handle]

@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import HpcparError
 from . import flight
+from .exits import ENV as EXIT_ENV
 
 __all__ = [
     "ENV",
@@ -69,6 +70,19 @@ def arm(rank: int, size: int) -> None:
     atexit.register(dump)
 
 
+def job_identity() -> str:
+    """What tells this job's ranks from another job's: the same on every rank of one job.
+
+    The folder ``hpcpar launch`` gives the job for its exit records, else Slurm's job and
+    step, else "" (a job started by another launcher: its files still record its size).
+    """
+    if os.environ.get(EXIT_ENV):
+        return os.environ[EXIT_ENV]
+    if os.environ.get("SLURM_JOB_ID"):
+        return f"slurm {os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '')}"
+    return ""
+
+
 def dump(final: bool = False) -> Path | None:
     """Write this rank's flight record now (atomically); its path, or None if not armed.
 
@@ -84,6 +98,7 @@ def dump(final: bool = False) -> Path | None:
         "version": VERSION,
         "rank": _armed["rank"],
         "size": _armed["size"],
+        "job": job_identity(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "entries": flight.snapshot(),
@@ -120,8 +135,9 @@ def load(folder: str | Path) -> dict[int, list[dict[str, Any]]]:
     """Every rank's entries from ``folder`` (``rank<R>.json`` files), by rank.
 
     Raises:
-        TraceError: no such folder, no rank files, or a file that is not a trace or has a
-            field of the wrong kind (named, with the file).
+        TraceError: no such folder, no rank files, a file that is not a trace or has a
+            field of the wrong kind (named, with the file), or files of different jobs
+            (another size or job identity: one job's records per folder).
     """
     where = Path(folder)
     if not where.is_dir():
@@ -130,15 +146,25 @@ def load(folder: str | Path) -> dict[int, list[dict[str, Any]]]:
     if not files:
         raise TraceError(f"{folder}: no rank*.json trace files (run the job with {ENV}={folder})")
     out: dict[int, list[dict[str, Any]]] = {}
+    jobs: dict[tuple[Any, Any], list[int]] = {}
     for path in files:
-        rank, entries = _read(path)
+        rank, entries, job = _read(path)
         if rank in out:
             raise TraceError(f"{path}: a second file for rank {rank}")
         out[rank] = entries
+        jobs.setdefault(job, []).append(rank)
+    if len(jobs) > 1:
+        parts = "; ".join(
+            f"rank(s) {_ranks(ranks)} of a job of {size} rank(s)" + (f" ({job})" if job else "")
+            for (size, job), ranks in jobs.items()
+        )
+        raise TraceError(
+            f"{folder}: records of different jobs ({parts}); give each job a folder of its own"
+        )
     return dict(sorted(out.items()))
 
 
-def _read(path: Path) -> tuple[int, list[dict[str, Any]]]:
+def _read(path: Path) -> tuple[int, list[dict[str, Any]], tuple[Any, Any]]:
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError, UnicodeDecodeError) as exc:
@@ -157,7 +183,7 @@ def _read(path: Path) -> tuple[int, list[dict[str, Any]]]:
     for i, entry in enumerate(entries):
         _check_entry(path, i, entry)
         entry["host"] = host
-    return rank, entries
+    return rank, entries, (doc.get("size"), doc.get("job", ""))
 
 
 def _check_entry(path: Path, i: int, entry: Any) -> None:

@@ -28,14 +28,17 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import importlib.util
 import json
 import linecache
 import os
+import queue
 import re
 import selectors
 import socket
 import struct
 import sys
+import sysconfig
 import threading
 import time
 import traceback
@@ -61,9 +64,31 @@ _DETAIL_WAIT_S = 3.0  # how long rank 0 waits for the ranks' stacks
 _CONNECT_S = 30.0  # how long a rank tries to reach rank 0 at start
 SLOW_WINDOW = 50  # collectives the live slow-rank warning looks at (with HPCPAR_TRACE)
 _HPCPAR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_OURS = (_HPCPAR + os.sep, os.path.join(os.path.dirname(_HPCPAR), "checkpoint") + os.sep)
+
+
+def _package_folders(*names: str) -> tuple[str, ...]:
+    """Where the packages ``names`` live (found by the import system, nothing imported)."""
+    found = []
+    for name in names:
+        with contextlib.suppress(ImportError, ValueError):
+            spec = importlib.util.find_spec(name)
+            if spec is not None and spec.submodule_search_locations:
+                found += [os.path.abspath(p) + os.sep for p in spec.submodule_search_locations]
+    return tuple(found)
+
+
+# hpcpar's code, wherever setup.cfg's package_dir puts its subpackages
+_OURS = (_HPCPAR + os.sep, *_package_folders("hpcpar.checkpoint", "hpcpar.apps"))
 _TOOLS = os.path.join(_HPCPAR, "cli") + os.sep  # command-line tools: they wait on jobs
 _THIS_FILE = os.path.abspath(__file__)
+# the standard library's waits on locks, events and queues: a thread waiting there waits
+# for whoever called them (hpcpar waiting for its communication thread, say)
+_LOCK_WAITS = tuple(os.path.abspath(m.__file__) for m in (threading, queue))
+_LIBRARIES = tuple(
+    os.path.abspath(p) + os.sep
+    for key in ("stdlib", "platstdlib", "purelib", "platlib")
+    if (p := sysconfig.get_paths().get(key))
+)
 _MPI_CALL = re.compile(
     r"\.\s*(?:[Aa]llreduce|[Rr]educe|[Bb]cast|[Bb]arrier|[Aa]llgatherv?|[Gg]atherv?|"
     r"[Ss]catterv?|[Aa]lltoall[vw]?|[Rr]educe_scatter(?:_block)?|[Ss]can|[Ee]xscan|"
@@ -215,6 +240,8 @@ def blocked_in(frame: Any) -> str | None:
     ``hpcpar``: inside hpcpar's code, called from the user's (not from one of hpcpar's
     command-line tools, which wait on other processes: a sweep polling Slurm).
     """
+    while frame is not None and frame.f_code.co_filename in _LOCK_WAITS:
+        frame = frame.f_back  # an Event.wait or Queue.get: judged by who waits
     if frame is None:
         return None
     path = frame.f_code.co_filename
@@ -361,17 +388,43 @@ class _Monitor(threading.Thread):
             _exit()
 
     def goodbye(self) -> None:
-        """At a normal exit of the interpreter: tell rank 0 this rank finished."""
+        """At a normal exit of the interpreter: tell rank 0 this rank finished.
+
+        On rank 0 (the coordinator's rank), wait until every rank has finished or left
+        before returning: MPI is finalized after the interpreter (and this thread) has
+        gone, so a rank 0 that returned at once would leave a later hang of the other
+        ranks unwatched. It waits no longer than MPI_Finalize would, and a hang among
+        the others is reported and ends the job as any other.
+        """
         with self.lock:
             self.link.setblocking(True)
             _send(self.link, {"bye": self.rank})
+        coordinator = _state.get("coordinator")
+        while coordinator is not None and coordinator.is_alive() and not coordinator.all_gone():
+            time.sleep(self.poll / 4)
 
 
 def _user_frame(frame: Any) -> Any:
-    """The innermost frame of the stack that is not hpcpar's: where the user's code is."""
+    """Where the user's code is: the innermost frame that is not hpcpar's.
+
+    Frames of the standard library and of installed libraries that call hpcpar back
+    (torch's autograd running a gradient hook within ``loss.backward()``) are passed
+    over too, when a frame of the user's own code is further out.
+    """
+    while frame is not None and frame.f_code.co_filename in _LOCK_WAITS:
+        frame = frame.f_back
     while frame is not None and frame.f_code.co_filename.startswith(_OURS):
         frame = frame.f_back
-    return frame
+    outer = frame
+    while outer is not None and outer.f_code.co_filename.startswith(_LIBRARIES):
+        outer = outer.f_back
+    return outer if outer is not None and not _starts_the_script(outer) else frame
+
+
+def _starts_the_script(frame: Any) -> bool:
+    """Whether ``frame`` is only the program's start (runpy, ``hpcpar.run``)."""
+    name = frame.f_code.co_filename
+    return name.startswith("<frozen ") or name.endswith(os.path.join("hpcpar", "run.py"))
 
 
 def _stack_text(frame: Any) -> str:
@@ -462,6 +515,10 @@ class _Coordinator(threading.Thread):
                 else:
                     self.receive(key.data)
             self.check()
+
+    def all_gone(self) -> bool:
+        """Whether every rank has finished or left (any thread)."""
+        return len(self.gone) >= self.size
 
     def accept(self) -> None:
         with contextlib.suppress(OSError):
@@ -561,9 +618,10 @@ class _Coordinator(threading.Thread):
         if main is not None:
             call = next(c for c in calls.values() if c and _key(c) == main)
             head = f"{_describe(call)}: rank(s) {format_ranks(inside)} waited {longest:.1f} s"
-        else:
+        else:  # the MPI library called directly: every rank blocked in it is in it
             at = next(iter(waiting.values()))["at"]
-            inside = sorted(waiting)
+            inside = sorted(r for r, s in self.status.items()
+                            if r not in self.gone and s.get("blocked") == "mpi")  # fmt: skip
             head = f"an MPI call: rank(s) {format_ranks(inside)} waited {longest:.1f} s ({at})"
         out = [f"{head} (limit {self.limit:g} s)"]
         for rank in range(self.size):
@@ -585,6 +643,8 @@ class _Coordinator(threading.Thread):
             return [f"rank {rank}: {self.gone[rank]}{after}"]
         if status is None:
             return [f"rank {rank}: never reported (not connected)"]
+        if status.get("blocked") == "mpi":  # named by its call site, whatever hpcpar did last
+            return [f"rank {rank}: in an MPI call for {status['waited']:.1f} s at {status['at']}"]
         if rank in inside:
             return [f"rank {rank}: inside it for {status['waited']:.1f} s, called at "
                     f"{status['from']}"]  # fmt: skip

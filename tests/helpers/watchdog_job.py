@@ -79,6 +79,28 @@ def main() -> None:
             if rank == last:
                 time.sleep(float(sys.argv[2]))
             hpcpar.allreduce(np.ones(3))
+    elif mode == "rank0_done":  # world rank 0 finishes; the others then hang without it
+        sub = comm.Split(0 if rank else MPI.UNDEFINED)
+        if rank == 0:
+            pass
+        elif size == 2:
+            hpcpar.allreduce(np.ones(3))  # rank 0 never comes
+        else:  # on a communicator without rank 0, whose last rank never comes
+            if rank == last:
+                stuck_in_a_named_function()
+            hpcpar.barrier(comm=sub)
+    elif mode == "torch_overlap":  # DataParallel reducing on its thread; the last rank
+        import torch  # never runs its backward pass
+        from hpcpar.apps.sgd.torch import DataParallel
+
+        torch.manual_seed(0)
+        model = DataParallel(torch.nn.Linear(64, 8), overlap=True)
+        loss = model(torch.ones(16, 64)).square().sum()
+        if rank == last:
+            stuck_in_a_named_function()
+        loss.backward()
+    elif mode == "mpi4py_roots":  # the library's own Bcast, rank 0 naming another root
+        MPI.COMM_WORLD.Bcast(np.ones(4), root=0 if rank == 0 else 1)
     elif mode == "mpi4py":  # the MPI library called directly
         x, y = np.ones(4), np.empty(4)
         if rank == last:

@@ -55,6 +55,7 @@ def test_bad_input_exits_2_on_every_rank_with_one_line(tmp_path, args, env, mess
         (["launch", "--", "demo"], "-n/--np"),
         (["launch", "-n", "2", "--timeout", "-1", "--", "demo"], "--timeout: expected a number"),
         (["launch", "-n", "2"], "nothing to run"),
+        (["launch", "-n", "99999", "--", "demo"], "ranks per core on the"),
     ],
 )
 def test_bad_launches(args, message):

@@ -98,6 +98,15 @@ def test_bad_launches_are_one_line_errors(kwargs, message):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.reliability("bad_input")
+def test_far_more_ranks_than_cores_needs_oversubscribe():
+    with pytest.raises(LaunchError, match=r"-n 99999 is more than 8 ranks per core on the 2 "):
+        plan(99999)
+    assert plan(16).argv[2] == "16"  # 8 per core: still allowed
+    assert plan(99999, oversubscribe=True).argv[2] == "99999"
+    assert plan(99999, launcher="srun").argv[1] == "--ntasks=99999"  # Slurm's to refuse
+
+
 def test_find_mpi_matches_the_loaded_library():
     mpi = find_mpi()
     assert mpi.vendor in ("mpich", "openmpi", "intel", "mvapich", "other")
@@ -122,7 +131,8 @@ def test_vendor_of(text, vendor):
     assert vendor_of(text) == vendor
 
 
-@pytest.mark.slow  # a whole job; and the shared memory of jobs run beside it would count
+@pytest.mark.slow
+@pytest.mark.alone  # the shared memory of jobs run beside it would count as leaked
 @pytest.mark.skipif(not __import__("os").path.isdir("/dev/shm"), reason="needs /dev/shm")
 @pytest.mark.timeout(120)
 def test_a_killed_job_leaves_no_mpich_shared_memory(tmp_path):

@@ -111,6 +111,32 @@ def test_bad_trace_files_are_one_line_and_status_2(tmp_path, content, message):
     assert missing.returncode == 2 and "no such folder" in missing.stderr
 
 
+@pytest.mark.reliability("bad_input")
+def test_records_of_two_jobs_in_one_folder_are_refused_not_merged(tmp_path):
+    for rank in range(4):
+        write(tmp_path, rank, [entry(0, start=0, end=1)])
+    for rank in range(2):  # a later job of 2 ranks writes over ranks 0 and 1
+        doc = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps({**doc, "size": 2, "job": "b"}))
+    with pytest.raises(trace.TraceError, match=r"records of different jobs \(rank\(s\) 0-1 of a "
+                       r"job of 2 rank\(s\) \(b\); rank\(s\) 2-3 of a job of None"):  # fmt: skip
+        trace.load(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.reliability("bad_input")
+def test_a_folder_traced_by_two_jobs_is_refused_with_one_line(tmp_path):
+    folder = tmp_path / "trace"
+    for ranks in (4, 2):
+        job = hpcpar("launch", "-n", str(ranks), "--timeout", "90", "--", JOB, "slow", "0.001",
+                     env=clean_env(HPCPAR_TRACE=str(folder)), timeout=120)  # fmt: skip
+        assert job.returncode == 0, job.stderr
+    shown = hpcpar("trace", str(folder))
+    assert shown.returncode == 2, shown.stdout
+    assert "records of different jobs" in shown.stderr and "of a job of 4 rank(s)" in shown.stderr
+    assert len(shown.stderr.strip().splitlines()) == 1, shown.stderr
+
+
 @pytest.mark.slow
 def test_a_traced_job_names_its_slow_rank_and_opens_in_perfetto(tmp_path):
     folder = tmp_path / "trace"

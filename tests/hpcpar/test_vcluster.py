@@ -11,7 +11,10 @@ import pytest
 
 from hpcpar.vcluster.netns import ClusterSpec, VClusterError, _setup_commands, parse_link, plan_run
 
-pytestmark = pytest.mark.xdist_group("vcluster")  # one virtual cluster on the machine at a time
+pytestmark = [
+    pytest.mark.xdist_group("vcluster"),  # one virtual cluster on the machine at a time
+    pytest.mark.alone,  # TCP between namespaces: its time-outs assume the cores are free
+]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

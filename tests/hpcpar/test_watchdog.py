@@ -89,6 +89,38 @@ def test_a_rank_that_exits_before_a_collective_is_reported():
 
 
 @pytest.mark.reliability("hang")
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_a_hang_after_rank_0_finished_is_reported(ranks):
+    """Rank 0 (which gathers the reports) ends its program; the others then hang, on the
+    world or on a communicator without rank 0: still reported, and the job ended."""
+    done, report, waited = run(ranks, "rank0_done")
+    assert done.returncode == 4, done.stderr
+    assert "rank 0 finished" in done.stdout
+    operation = "allreduce #3 on world" if ranks == 2 else "barrier #0 on "
+    assert report and report[0].startswith(operation), report
+    assert _ranks(report, r"^rank 0: exited normally"), report
+    if ranks > 2:
+        assert _ranks(report, rf"^rank {ranks - 1}: not in it;.*stuck_in_a_named_function")
+    assert report[-1].startswith("ending the job (exit status 4)")
+    assert waited is not None and waited < 2 * LIMIT + 2, (waited, report)
+
+
+@pytest.mark.reliability("hang")
+def test_a_hang_in_the_data_parallel_communication_thread_is_reported_at_the_users_line():
+    """DataParallel(overlap=True) reduces on a thread of its own while the main thread
+    waits for it at the end of the backward pass: that wait is a wait in hpcpar, named
+    with the user's line (loss.backward()), not the thread's or torch's."""
+    pytest.importorskip("torch")
+    done, report, waited = run(2, "torch_overlap")
+    assert done.returncode == 4, done.stderr
+    assert report and report[0].startswith("allreduce #"), report
+    assert _ranks(report, r"^rank 0: inside it for .*watchdog_job\.py:\d+ in main"), report
+    assert any("loss.backward()" in line for line in report), report
+    assert _ranks(report, r"^rank 1: not in it;.*stuck_in_a_named_function"), report
+    assert waited is not None and waited < 2 * LIMIT + 2, (waited, report)
+
+
+@pytest.mark.reliability("hang")
 def test_a_rank_that_leaves_with_os_exit_ends_the_job_at_once_and_is_named():
     # MPICH's launcher ends the job when a rank leaves without finalizing MPI, before any
     # wait reaches the limit (with status 0, or that of the kill it sends the others);
@@ -126,6 +158,23 @@ def test_the_mpi_library_called_directly_is_watched():
     assert done.returncode == 4, done.stderr
     assert report[0].startswith("an MPI call: rank(s) 0 waited"), report
     assert _ranks(report, r"^rank 1: not in it;.*in stuck_in_a_named_function"), report
+
+
+@pytest.mark.reliability("hang")
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_every_rank_blocked_in_a_direct_mpi_call_is_named_in_it(ranks):
+    """comm.Bcast with roots that differ: whichever ranks stay blocked are each named in
+    an MPI call at their line, not "not in it" with an older hpcpar call."""
+    done, report, _ = run(ranks, "mpi4py_roots")
+    assert done.returncode == 4, done.stderr
+    assert report and report[0].startswith("an MPI call: rank(s) "), report
+    lines = {r: _ranks(report, rf"^rank {r}: ") for r in range(ranks)}
+    for line in lines.values():
+        assert "not in it" not in line, report
+        assert "exited normally" in line or re.search(
+            r"in an MPI call for [0-9.]+ s at .*watchdog_job\.py:\d+ in main", line
+        ), report
+    assert sum("in an MPI call" in line for line in lines.values()) >= 2, report
 
 
 def test_no_report_when_every_rank_computes_longer_than_the_limit():

@@ -28,6 +28,7 @@ SUPERVISED = "import sys; sys.path.insert(0, sys.argv[1]); import dev; dev.adopt
 pytestmark = [
     pytest.mark.slow,  # starts Slurm, a virtual cluster and MPI jobs
     pytest.mark.xdist_group("vcluster"),  # one virtual cluster on the machine at a time
+    pytest.mark.alone,  # counts every process on the machine that carries its mark
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process tree"),
 ]
 

@@ -91,7 +91,9 @@ def reduce_scatter_into(
     """MPI_Ireduce_scatter from ``send`` (left as it is) into this rank's ``block``."""
     call.stats.inside_mpi = True
     comm = call.state.private
-    with Reduction(send, op) as (send_spec, mpi_op), Reduction(block, op) as (recv_spec, _):
+    reduction = Reduction(send, op)
+    with reduction as (send_spec, mpi_op):
+        recv_spec = reduction.spec_for(block)
         if call.blocking:
             comm.Reduce_scatter(send_spec, recv_spec, counts, mpi_op)
         else:
