@@ -14,6 +14,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from ..runtime import flight
 from ..runtime.comm import default_comm, resolve_comm
 from ..runtime.env import getenv_fast
 from ..topology import Hierarchy
@@ -153,7 +154,13 @@ def state_for(comm: Any) -> CommState:
         base.Set_attr(_KEYVAL, cache)
     key = layout or ""
     if key not in cache:
-        cache[key] = CommState(base, layout)
+        # collective (a duplicate, the layout's communicators): a rank that waits here for
+        # one that never comes is waiting in this set-up, not in its previous call
+        previous = flight.setting_up("a new communicator", depth=3)
+        try:
+            cache[key] = CommState(base, layout)
+        finally:
+            flight.CURRENT[0] = previous
     if comm is None:
         _DEFAULT = (key, cache[key], os.fsencode(key))
     return cache[key]

@@ -30,6 +30,7 @@ __all__ = [
     "CURRENT",
     "LAST",
     "enter",
+    "setting_up",
     "fast_entry",
     "finish",
     "point",
@@ -166,6 +167,19 @@ def enter(
     if current:
         CURRENT[0] = entry
     return entry
+
+
+def setting_up(what: str, depth: int = 1) -> list[Any] | None:
+    """Show a collective step before a call's own entry as this rank's current call.
+
+    ``what`` names it (setting up a new communicator, say); nothing is added to the
+    record. Returns the entry it replaced in ``CURRENT``, to put back after it.
+    """
+    previous = CURRENT[0]
+    if RECORDING[0]:
+        CURRENT[0] = [what, 0, "set-up", "", None, None, None, None, call_site(depth + 2),
+                      time.time(), None, 1]  # fmt: skip
+    return previous
 
 
 def fast_entry(decided: Any, state: Any, operation: str, x: Any, op: Any) -> list[Any]:

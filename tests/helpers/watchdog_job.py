@@ -99,8 +99,11 @@ def main() -> None:
         if rank == last:
             stuck_in_a_named_function()
         loss.backward()
-    elif mode == "mpi4py_roots":  # the library's own Bcast, rank 0 naming another root
-        MPI.COMM_WORLD.Bcast(np.ones(4), root=0 if rank == 0 else 1)
+    elif mode == "mpi4py_staggered":  # the library's own Barrier, entered at other times;
+        if rank == last:  # the last rank never comes
+            stuck_in_a_named_function()
+        time.sleep(1.0 if rank else 0.0)
+        MPI.COMM_WORLD.Barrier()
     elif mode == "mpi4py":  # the MPI library called directly
         x, y = np.ones(4), np.empty(4)
         if rank == last:

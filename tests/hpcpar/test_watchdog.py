@@ -96,7 +96,8 @@ def test_a_hang_after_rank_0_finished_is_reported(ranks):
     done, report, waited = run(ranks, "rank0_done")
     assert done.returncode == 4, done.stderr
     assert "rank 0 finished" in done.stdout
-    operation = "allreduce #3 on world" if ranks == 2 else "barrier #0 on "
+    # at 3-4 ranks the others wait in the first call on the new communicator: its set-up
+    operation = "allreduce #3 on world" if ranks == 2 else "set-up #0 on a new communicator"
     assert report and report[0].startswith(operation), report
     assert _ranks(report, r"^rank 0: exited normally"), report
     if ranks > 2:
@@ -113,9 +114,10 @@ def test_a_hang_in_the_data_parallel_communication_thread_is_reported_at_the_use
     pytest.importorskip("torch")
     done, report, waited = run(2, "torch_overlap")
     assert done.returncode == 4, done.stderr
-    assert report and report[0].startswith("allreduce #"), report
-    assert _ranks(report, r"^rank 0: inside it for .*watchdog_job\.py:\d+ in main"), report
-    assert any("loss.backward()" in line for line in report), report
+    assert report and report[0].startswith(("allreduce #", "iallreduce #")), report
+    backward = next(i for i, line in enumerate(Path(JOB).read_text().splitlines(), 1)
+                    if line.strip() == "loss.backward()")  # fmt: skip
+    assert _ranks(report, rf"^rank 0: inside it for .*watchdog_job\.py:{backward} in main"), report
     assert _ranks(report, r"^rank 1: not in it;.*stuck_in_a_named_function"), report
     assert waited is not None and waited < 2 * LIMIT + 2, (waited, report)
 
@@ -163,18 +165,17 @@ def test_the_mpi_library_called_directly_is_watched():
 @pytest.mark.reliability("hang")
 @pytest.mark.parametrize("ranks", [3, 4])
 def test_every_rank_blocked_in_a_direct_mpi_call_is_named_in_it(ranks):
-    """comm.Bcast with roots that differ: whichever ranks stay blocked are each named in
-    an MPI call at their line, not "not in it" with an older hpcpar call."""
-    done, report, _ = run(ranks, "mpi4py_roots")
+    """The library's Barrier called directly, entered at different times, the last rank
+    never coming: every rank blocked in it, also one that has waited less than the limit,
+    is named in an MPI call at its line, not "not in it" with an older hpcpar call."""
+    done, report, _ = run(ranks, "mpi4py_staggered")
     assert done.returncode == 4, done.stderr
     assert report and report[0].startswith("an MPI call: rank(s) "), report
-    lines = {r: _ranks(report, rf"^rank {r}: ") for r in range(ranks)}
-    for line in lines.values():
-        assert "not in it" not in line, report
-        assert "exited normally" in line or re.search(
-            r"in an MPI call for [0-9.]+ s at .*watchdog_job\.py:\d+ in main", line
-        ), report
-    assert sum("in an MPI call" in line for line in lines.values()) >= 2, report
+    for r in range(ranks - 1):
+        line = _ranks(report, rf"^rank {r}: ")
+        assert re.search(r"in an MPI call for [0-9.]+ s at .*watchdog_job\.py:\d+ in main",
+                         line), report  # fmt: skip
+    assert _ranks(report, rf"^rank {ranks - 1}: not in it;.*stuck_in_a_named_function"), report
 
 
 def test_no_report_when_every_rank_computes_longer_than_the_limit():
