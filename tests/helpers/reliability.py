@@ -9,7 +9,8 @@ with a clear error). A test that tries many cases records how many with
 survived / reported / refused cleanly; a failing one as lost / unreported / unclear.
 
 Each session prints its tally; with ``HPCPAR_RELIABILITY_DIR`` set, rank 0 of each
-session writes it there as JSON and ``dev.py test`` adds the sessions up at the end.
+session (the controller, when pytest-xdist runs it) writes it there as JSON and
+``dev.py test`` adds the sessions up at the end.
 """
 
 from __future__ import annotations
@@ -77,7 +78,9 @@ class Plugin:
             return
         terminalreporter.write_line(f"reliability: {describe(t.cases, t.good, t.report_times)}")
         folder = os.environ.get(ENV)
-        if folder and self.rank == 0:
+        # under pytest-xdist the controller receives every worker's reports: it writes
+        # the session's tally, and the workers (which saw a share of them) write none
+        if folder and self.rank == 0 and not os.environ.get("PYTEST_XDIST_WORKER"):
             Path(folder).mkdir(parents=True, exist_ok=True)
             (Path(folder) / f"session-{os.getpid()}.json").write_text(json.dumps(t.as_dict()))
 
