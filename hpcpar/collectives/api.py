@@ -112,7 +112,7 @@ def _begin(
                                op, check.get("root"), depth=4)  # fmt: skip
     if guard.ENABLED[0]:  # the always-on mismatch guard (guard.py)
         mark = guard.signature(collective, chosen.name, op.name if op else None, check)
-        state.guard_sum = guard.fold(state.guard_sum, mark)
+        state.guard_sum = guard.fold(state.guard_sum, mark, state._sequence)
         if state._sequence >= state.guard_next:
             guard.verify(state, collective)
     return chosen, call

@@ -8,14 +8,15 @@ catches the same mistakes at almost no cost, with no setting.
 
 Each call folds a signature of what must match across ranks (the operation, the
 algorithm that runs, the op and the call's ``HPCPAR_CHECK`` fields: count, dtype, root,
-...) into a hash chained over the sequence of calls, ``h = h * CHAIN + signature``
-modulo 2**62, kept on the communicator's state: the order of the calls counts, so two
-calls swapped on one rank change it as a changed call does (a plain sum would cancel).
-``CHAIN`` is 3 modulo 8, which keeps any swap of two different signatures less than
-256 calls apart from cancelling. At the calls numbered 1, 2, 4, ..., ``EVERY`` and then
-every ``EVERY``-th on a communicator, before that call moves any data, the ranks
-compare the hashes of the calls since the last comparison with one 16-byte allreduce.
-Hashes that differ raise ``CollectiveMismatchError`` on every rank,
+...) into a sum weighted by the call's sequence number, ``sum += signature * seq``, kept
+on the communicator's state: the order of the calls counts, so two calls swapped on one
+rank change it as a changed call does (an unweighted sum would cancel). Calls ``i`` and
+``j`` swapped change it by ``(s_i - s_j) * (j - i)``, never 0 for two different
+signatures; compared modulo 2**62, that stays so for swaps fewer than 64 calls apart
+and all but certainly (one chance in about 2**54) for any other. At the calls numbered
+1, 2, 4, ..., ``EVERY`` and then every ``EVERY``-th on a communicator, before that call
+moves any data, the ranks compare the sums of the calls since the last comparison with
+one 16-byte allreduce. Sums that differ raise ``CollectiveMismatchError`` on every rank,
 naming the first call that differed and what each rank called (from the flight
 record), so a mismatch from the first call on is caught before it computes anything
 and a later one within ``EVERY`` calls. ``hpcpar bench guard`` measures the cost.
@@ -33,17 +34,16 @@ from ..layout import format_ranks
 from ..runtime import flight
 from .errors import CollectiveMismatchError
 
-__all__ = ["EVERY", "ENABLED", "CHAIN", "MASK", "fold", "signature", "verify", "set_enabled"]
+__all__ = ["EVERY", "ENABLED", "MASK", "fold", "signature", "verify", "set_enabled"]
 
 EVERY = 256  # calls between comparisons, once the first ones (1, 2, 4, ...) are done
 ENABLED = [True]  # off only to measure the guard's cost (every rank at the same call)
-MASK = (1 << 62) - 1
-CHAIN = 0x1F3D5B79A5C3E2B3  # odd, 3 modulo 8: see the module docstring
+MASK = (1 << 62) - 1  # the sums are compared modulo 2**62
 
 
-def fold(chained: int, mark: int) -> int:
-    """The guard's hash after one more call of signature ``mark`` (the fast path inlines it)."""
-    return (chained * CHAIN + mark) & MASK
+def fold(total: int, mark: int, seq: int) -> int:
+    """The guard's sum after call number ``seq`` of signature ``mark`` (fast path: inlined)."""
+    return total + mark * seq
 
 
 _KNOWN: dict[tuple[Any, ...], int] = {}  # signatures of calls seen (a loop repeats them)

@@ -62,7 +62,7 @@ class CommState:
         tag_ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767
         self._tag_slots = max(1, (min(int(tag_ub), 1 << 30) - 1) // TAGS_PER_CALL)
         self._sequence = 0
-        self.guard_sum = 0  # the hash of the calls since the last comparison (guard.py)
+        self.guard_sum = 0  # the calls since the last comparison, weighted (guard.py)
         self.guard_from = 0  # the sequence number of the first of them
         self.guard_next = 1  # compare when the sequence reaches this
         self.auto_cache: dict[tuple[object, ...], tuple[str, str]] = {}
