@@ -44,13 +44,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--outer-lr",
         type=real(0, above=True),
-        default=1.0,
+        default=None,
         help="torch, mode local: outer learning rate (default 1: model averaging)",
     )
     parser.add_argument(
         "--outer-momentum",
         type=real(0, 1),
-        default=0.0,
+        default=None,
         help="torch, mode local: outer Nesterov momentum (DiLoCo: --outer-lr 0.7 "
         "--outer-momentum 0.9; default 0)",
     )
@@ -226,6 +226,13 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"sgd: --epochs must be at least 1, not {args.epochs}")
     if args.checkpoint_every and not args.checkpoint:
         raise UsageError("sgd: --checkpoint-every K needs --checkpoint DIR")
+    outer = [f"--{name.replace('_', '-')}" for name in ("outer_lr", "outer_momentum")
+             if getattr(args, name, None) is not None]  # fmt: skip
+    if outer and (args.framework != "torch" or args.mode != "local"):
+        raise UsageError(
+            f"sgd: {' and '.join(outer)} set the outer steps of --framework torch --mode "
+            f"local; this run is --framework {args.framework} --mode {args.mode}"
+        )
 
 
 def _resume(

@@ -194,10 +194,12 @@ def _optimizer(args: argparse.Namespace, model: Any) -> Any:
         return torch.optim.SGD(params, lr=args.lr, momentum=args.momentum)
 
     if args.mode == "local":
-        nesterov = args.outer_momentum > 0
+        outer_lr = 1.0 if args.outer_lr is None else args.outer_lr  # model averaging
+        outer_momentum = args.outer_momentum or 0.0
+        nesterov = outer_momentum > 0
 
         def outer(params: Any) -> Any:
-            return torch.optim.SGD(params, lr=args.outer_lr, momentum=args.outer_momentum,
+            return torch.optim.SGD(params, lr=outer_lr, momentum=outer_momentum,
                                    nesterov=nesterov)  # fmt: skip
 
         return LocalSGD(model, sgd(model.parameters()), steps=args.local_steps,

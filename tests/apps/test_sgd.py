@@ -273,6 +273,7 @@ def test_a_local_sgd_run_resumes_bit_for_bit_from_a_meeting_of_the_ranks(tmp_pat
         (["--model", "resnet"], "unknown torch model 'resnet'"),
         (["--mode", "async"], "mode sync or local"),
         (["--mode", "local", "--zero"], "--zero shards the optimizer state of mode sync"),
+        (["--zero", "--outer-lr", "0.7"], "--outer-lr set the outer steps of --framework torch"),
         (["--mode", "local", "--checkpoint", "ck", "--checkpoint-every", "3"], "multiple of"),
         (["--bucket-mib", "big"], "--bucket-mib: expected a number above 0"),
         (["--bucket-mib", "0"], "--bucket-mib: expected a number above 0"),
