@@ -64,21 +64,36 @@ _DETAIL_WAIT_S = 3.0  # how long rank 0 waits for the ranks' stacks
 _CONNECT_S = 30.0  # how long a rank tries to reach rank 0 at start
 SLOW_WINDOW = 50  # collectives the live slow-rank warning looks at (with HPCPAR_TRACE)
 _HPCPAR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ours_cache: list[Any] = [-1, ()]  # [len(sys.modules) when made, the folders]
 
 
-def _package_folders(*names: str) -> tuple[str, ...]:
-    """Where the packages ``names`` live (found by the import system, nothing imported)."""
-    found = []
-    for name in names:
-        with contextlib.suppress(ImportError, ValueError):
-            spec = importlib.util.find_spec(name)
-            if spec is not None and spec.submodule_search_locations:
-                found += [os.path.abspath(p) + os.sep for p in spec.submodule_search_locations]
-    return tuple(found)
+def _checkpoint_folder() -> set[str]:
+    """Where ``hpcpar.checkpoint`` lives, loaded or not (found by the import system)."""
+    with contextlib.suppress(ImportError, ValueError):
+        spec = importlib.util.find_spec("hpcpar.checkpoint")
+        if spec is not None and spec.submodule_search_locations:
+            return {os.path.abspath(p) + os.sep for p in spec.submodule_search_locations}
+    return set()
 
 
-# hpcpar's code, wherever setup.cfg's package_dir puts its subpackages
-_OURS = (_HPCPAR + os.sep, *_package_folders("hpcpar.checkpoint", "hpcpar.apps"))
+_CORE = {_HPCPAR + os.sep} | _checkpoint_folder()
+
+
+def _ours() -> tuple[str, ...]:
+    """The folders of hpcpar's code loaded so far: every loaded ``hpcpar.*`` package's path.
+
+    setup.cfg's ``package_dir`` puts some subpackages outside ``hpcpar/``; this finds
+    them where they are (the checkpoint package also when loaded under another name).
+    """
+    if _ours_cache[0] != len(sys.modules):
+        folders = set(_CORE)
+        for name, module in list(sys.modules.items()):
+            if name.startswith("hpcpar.") and getattr(module, "__path__", None):
+                folders.update(os.path.abspath(p) + os.sep for p in module.__path__)
+        _ours_cache[:] = [len(sys.modules), tuple(sorted(folders))]
+    return _ours_cache[1]
+
+
 _TOOLS = os.path.join(_HPCPAR, "cli") + os.sep  # command-line tools: they wait on jobs
 _THIS_FILE = os.path.abspath(__file__)
 # the standard library's waits on locks, events and queues: a thread waiting there waits
@@ -245,9 +260,9 @@ def blocked_in(frame: Any) -> str | None:
     if frame is None:
         return None
     path = frame.f_code.co_filename
-    if path.startswith(_OURS) and path != _THIS_FILE:
+    if path.startswith(_ours()) and path != _THIS_FILE:
         outer = frame  # hpcpar's frames up to the user's: a command-line tool polling a
-        while outer is not None and outer.f_code.co_filename.startswith(_OURS):  # queue
+        while outer is not None and outer.f_code.co_filename.startswith(_ours()):  # queue
             if outer.f_code.co_filename.startswith(_TOOLS):  # is not waiting in a call
                 return None
             outer = outer.f_back
@@ -413,7 +428,7 @@ def _user_frame(frame: Any) -> Any:
     """
     while frame is not None and frame.f_code.co_filename in _LOCK_WAITS:
         frame = frame.f_back
-    while frame is not None and frame.f_code.co_filename.startswith(_OURS):
+    while frame is not None and frame.f_code.co_filename.startswith(_ours()):
         frame = frame.f_back
     outer = frame
     while outer is not None and outer.f_code.co_filename.startswith(_LIBRARIES):
@@ -438,8 +453,8 @@ def _stack_text(frame: Any) -> str:
     summary = traceback.extract_stack(frame)
     kept = [f for f in summary if not f.filename.startswith("<frozen ")
             and not f.filename.endswith(os.path.join("hpcpar", "run.py"))]  # fmt: skip
-    user = [f for f in kept if not f.filename.startswith(_OURS)]
-    if kept and kept[-1].filename.startswith(_OURS):
+    user = [f for f in kept if not f.filename.startswith(_ours())]
+    if kept and kept[-1].filename.startswith(_ours()):
         user.append(kept[-1])
     return "".join(traceback.format_list(user))
 
