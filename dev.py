@@ -67,7 +67,7 @@ def _libc():
 
 
 _LIBC = _libc()
-_REAPING: list[bool] = []  # set by main(): this process adopts and ends its steps' orphans
+_reaping = False  # set by adopt_orphans(): this process adopts and ends its steps' orphans
 
 
 def _end_with_parent() -> None:
@@ -148,7 +148,7 @@ def supervise(argv: list[str], env: dict[str, str] | None = None) -> int:
     killed. Run from ``main`` (the process adopts orphans), whatever the step left
     running, or left up, is ended afterwards.
     """
-    netns_before = _namespaces() if _REAPING else set()
+    netns_before = _namespaces() if _reaping else set()
     # the pre-exec hook makes one system call (prctl) and takes no lock: safe with threads
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True,
                             preexec_fn=_end_with_parent)  # noqa: PLW1509  # fmt: skip
@@ -167,7 +167,7 @@ def supervise(argv: list[str], env: dict[str, str] | None = None) -> int:
                 code = proc.wait(timeout=1.0)
                 break
             except subprocess.TimeoutExpired:
-                if _REAPING:
+                if _reaping:
                     _collect_zombies(keep=proc.pid)
                 if stopped and time.monotonic() - stopped[0][1] > STOP_GRACE_S:
                     with contextlib.suppress(ProcessLookupError):
@@ -181,7 +181,7 @@ def supervise(argv: list[str], env: dict[str, str] | None = None) -> int:
             proc.wait()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # the step's group, if any of it is left
-        if _REAPING:
+        if _reaping:
             _end_leftovers()
             _remove_namespaces(netns_before)
     return 128 + int(stopped[0][0]) if stopped else code
@@ -304,8 +304,9 @@ def test(pytest_args: list[str], quick: bool = False) -> None:
 
 def adopt_orphans() -> None:
     """Become the subreaper of every step, so that nothing a step starts outlives it."""
+    global _reaping
     if _LIBC is not None and _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
-        _REAPING.append(True)
+        _reaping = True
 
 
 def main() -> None:
