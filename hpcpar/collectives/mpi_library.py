@@ -119,7 +119,7 @@ class Reduction:
             return
         self.element = MPI.BYTE.Create_contiguous(buf.itemsize).Commit()
         _dispatch[self.element.handle] = (buf.dtype, op.combine)
-        self.spec = [buf.reshape(-1).view(np.uint8), buf.size, self.element]
+        self.spec = self.spec_for(buf)
         self.op = _generic_op(op.commutative)
 
     def __enter__(self) -> tuple[Any, MPI.Op]:
