@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import threading
 from typing import Any
 
@@ -32,6 +33,7 @@ def default_comm() -> MPI.Intracomm:
         return made
     with _lock:
         if _default is None:
+            _ensure_initialized()
             install_excepthook()
             comm = MPI.COMM_WORLD.Dup()
             comm.Set_name("hpcpar")
@@ -40,6 +42,22 @@ def default_comm() -> MPI.Intracomm:
             start_watchdog(comm)  # when HPCPAR_WATCHDOG asks for one
             _default = comm
         return _default
+
+
+def _ensure_initialized() -> None:
+    """Initialise MPI where mpi4py was loaded without it, and finalise it at exit.
+
+    ``runtime.mpiinfo`` loads the library that way to describe it for the launcher.
+    """
+    if MPI.Is_initialized():
+        return
+    MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    atexit.register(_finalize)
+
+
+def _finalize() -> None:
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
 
 
 def resolve_comm(comm: Any = None) -> MPI.Intracomm:

@@ -60,6 +60,21 @@ def test_the_launcher_path_does_not_start_mpi():
     assert out.stdout.strip() == "False"
 
 
+def test_collectives_work_after_the_launcher_looked_at_the_library():
+    """Describing the MPI library (what 'hpcpar launch' does first) loads mpi4py without
+    MPI_Init; a collective afterwards in the same process initialises MPI instead of
+    MPICH ending the process ("before initializing") with status 1."""
+    import subprocess
+
+    code = (
+        "from hpcpar.runtime.mpiinfo import find_mpi; find_mpi(); import numpy as np, hpcpar; "
+        "print(hpcpar.allreduce(np.arange(3.0)).tolist())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip() == "[0.0, 1.0, 2.0]", out.stderr
+
+
 def test_errors_are_one_family():
     for name in ("UsageError", "LayoutError", "LaunchError", "CommunicatorError"):
         assert issubclass(getattr(hpcpar, name), HpcparError)
