@@ -20,7 +20,7 @@ from pathlib import Path
 from .errors import LaunchError
 from .layout import format_ranks, node_assignment
 from .runtime.env import usable_cores
-from .runtime.exits import EARLY_EXIT, ended, unfinished
+from .runtime.exits import EARLY_EXIT, Departures, ended, faults, unfinished
 from .runtime.exits import ENV as EXIT_ENV
 from .runtime.mpiinfo import MPIInstallation, find_mpi
 
@@ -170,6 +170,9 @@ def plan_launch(
     notes = [f"MPI library: {mpi.version}"]
     if env:
         notes.append(f"{ranks} ranks on {cores} core(s): set {', '.join(sorted(env))}")
+    if mpi.vendor == "mpich" and _ERROR_STACK not in environ:
+        # a fatal MPI error is one line (what failed and why), not a page of call stack
+        env[_ERROR_STACK] = "0"
     if layout:
         env["HPCPAR_LAYOUT"] = layout
     if launcher == "srun":
@@ -194,6 +197,7 @@ def plan_launch(
 
 
 _PR_SET_PDEATHSIG = 1
+_ERROR_STACK = "MPIR_CVAR_PRINT_ERROR_STACK"
 
 
 def _ends_with_launcher() -> Callable[[], None] | None:
@@ -281,36 +285,78 @@ def _remove_orphan_segments(before: set[str]) -> list[str]:
     return removed
 
 
+# What the MPI launcher returns when it only killed or lost ranks: 0 (it saw a rank
+# leave with 0), or a signal's number or 128 + it (its own kill, or a rank's crash).
+_KILLED = (0, 6, 9, 11, 15, 128 + 6, 128 + 9, 128 + 11, 128 + 15)
+# MPICH ends a rank whose MPI call failed fatally with 128 + the error class, and a
+# message longer than its receive buffer (class 14, MPI_ERR_TRUNCATE) is fatal inside
+# the library's blocking collectives, whatever the communicator's error handler says.
+_LIBRARY_TRUNCATE = 128 + 14
+MISMATCH_EXIT = 1  # the status of an uncaught CollectiveMismatchError, whoever found it
+
+
 def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
     """Run a planned job and return its exit status.
 
     The job runs in its own process group; when ``timeout`` seconds pass, or the
     launcher gets SIGINT/SIGTERM, the whole group is killed. A time-out returns 124.
-    A job where some rank left without finishing (``os._exit``, a signal) and that ends
-    with status 0, or with the signal the MPI launcher then sends the other ranks, is
-    reported, naming those ranks; status 0 becomes ``EARLY_EXIT`` (``runtime.exits``).
-    A job that a rank ended on purpose (the watchdog) returns the status that rank gave.
+    A job where some rank left without finishing (``os._exit``, a signal, a crash) and
+    that ends with status 0, or with the signal the MPI launcher then sends the other
+    ranks, is reported naming the rank that left first (and how, for a fatal signal)
+    apart from the ranks then killed; it returns ``EARLY_EXIT`` (``runtime.exits``). A
+    job that a rank ended on purpose (the watchdog) returns the status that rank gave.
+    A job the MPI library ended for a truncated message is a collective called with
+    different counts: reported as such, status ``MISMATCH_EXIT``.
     """
     with tempfile.TemporaryDirectory(prefix="hpcpar-exits-") as exits:
-        try:
-            status = _run(plan, timeout, {**os.environ, **plan.env, EXIT_ENV: exits})
-        finally:
-            _end_strays(f"{EXIT_ENV}={exits}".encode())
-        gone = unfinished(Path(exits))
-        chosen = sorted(set(ended(Path(exits)).values()))
-    if chosen and status in (0, 9, 15, 137, 143, *chosen):
+        folder = Path(exits)
+        with Departures(folder) as departures:
+            try:
+                status = _run(plan, timeout, {**os.environ, **plan.env, EXIT_ENV: exits})
+            finally:
+                _end_strays(f"{EXIT_ENV}={exits}".encode())
+        gone = unfinished(folder)
+        chosen = sorted(set(ended(folder).values()))
+        crashed = faults(folder)
+        first = departures.first(gone)
+    if chosen and status in (*_KILLED, *chosen):
         # a rank ended the job on purpose (the watchdog): the MPI launcher's status is
         # that of whichever rank it saw end first, or of its kill of the rest
-        status = chosen[0]
-    if gone and status in (0, 9, 15, 137, 143):  # 0, or the launcher's kill of the rest
-        ranks = format_ranks(gone)
-        status = status or EARLY_EXIT
+        return chosen[0]
+    if gone and status == _LIBRARY_TRUNCATE:
+        who = f"rank(s) {format_ranks(first or gone)}"
         sys.stderr.write(
-            f"hpcpar launch: rank(s) {ranks} left the job without finishing (os._exit, a "
-            f"signal or a crash) while it ran; the other ranks may not have finished their "
-            f"work. Exit status {status}\n"
+            f"hpcpar launch: CollectiveMismatchError on {who}: a message from another rank "
+            f"was longer than this rank expected, and the MPI library ended the job: the "
+            f"ranks passed different counts or dtypes to a collective; HPCPAR_CHECK=1 names "
+            f"them. Exit status {MISMATCH_EXIT}\n"
         )
+        return MISMATCH_EXIT
+    if gone and (status in _KILLED or crashed):
+        sys.stderr.write(f"hpcpar launch: {_who_left(gone, first, crashed)}. Exit status "
+                         f"{EARLY_EXIT}\n")  # fmt: skip
+        return EARLY_EXIT
     return status
+
+
+def _who_left(gone: list[int], first: list[int], crashed: dict[int, str]) -> str:
+    """One sentence: the rank(s) that failed, how, and the ranks ended after them.
+
+    Ranks that died of a fatal signal failed; otherwise those seen ending first.
+    """
+    culprits = sorted(crashed) or first
+    if not culprits:
+        return (f"rank(s) {format_ranks(gone)} left the job without finishing (os._exit, a "
+                f"signal or a crash) while it ran; the other ranks may not have finished "
+                f"their work")  # fmt: skip
+    quiet = "os._exit or a signal"
+    if len(culprits) == 1:
+        how = crashed.get(culprits[0], quiet)
+    else:
+        how = "; ".join(f"rank {r}: {crashed.get(r, quiet)}" for r in culprits)
+    rest = [r for r in gone if r not in culprits]
+    after = f"; the MPI launcher then ended rank(s) {format_ranks(rest)}" if rest else ""
+    return f"rank(s) {format_ranks(culprits)} left the job without finishing ({how}){after}"
 
 
 def _run(plan: LaunchPlan, timeout: float | None, env: dict[str, str]) -> int:

@@ -43,8 +43,14 @@ def test_oversubscribed_mpich_yields():
     assert plan(ranks=4, cores=2).env == {
         "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "true",
         "MPIR_CVAR_POLLS_BEFORE_YIELD": "1",
+        "MPIR_CVAR_PRINT_ERROR_STACK": "0",
     }
-    assert plan(ranks=2, cores=2).env == {}
+    assert plan(ranks=2, cores=2).env == {"MPIR_CVAR_PRINT_ERROR_STACK": "0"}
+
+
+def test_mpich_fatal_errors_are_one_line_unless_the_user_asks_for_the_stack():
+    asked = {"MPIR_CVAR_PRINT_ERROR_STACK": "1"}
+    assert "MPIR_CVAR_PRINT_ERROR_STACK" not in plan(ranks=2, cores=2, environ=asked).env
 
 
 def test_openmpi_defaults(monkeypatch):
@@ -277,3 +283,79 @@ def test_a_process_of_the_job_outside_its_process_group_ends_with_the_job(tmp_pa
     else:
         os.kill(stray, 9)
         raise AssertionError("the job's process in another session outlived the job")
+
+
+FAILING_RANK = """
+import ctypes, os, sys, time
+import numpy as np
+import hpcpar
+rank = hpcpar.default_comm().Get_rank()
+hpcpar.allreduce(np.ones(3))
+
+
+def fail(how):
+    if how == "segfault":
+        ctypes.string_at(0)
+    elif how == "abort":
+        os.abort()
+    os._exit(0)
+
+
+if rank == 2:
+    time.sleep(0.3)
+    fail(sys.argv[1])
+hpcpar.allreduce(np.ones(3))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.reliability("bad_input")
+@pytest.mark.parametrize(("how", "said"), [
+    ("segfault", "(Segmentation fault at {script}:11 in fail)"),
+    ("abort", "(Aborted at {script}:13 in fail)"),
+    ("exit0", "(os._exit or a signal)"),
+])  # fmt: skip
+def test_the_rank_that_failed_first_is_named_with_the_documented_status(tmp_path, how, said):
+    """Rank 2 of 4 crashes or leaves; the MPI launcher then kills the other three. The
+    report names rank 2 alone (with the line it died on, for a fatal signal), and the
+    job exits 3 whatever status the MPI launcher gave."""
+    from launching import launch
+
+    script = tmp_path / "fail.py"
+    script.write_text(FAILING_RANK)
+    done = launch(4, sys.executable, str(script), how)
+    assert done.returncode == 3, (done.returncode, done.stderr)
+    line = next(x for x in done.stderr.splitlines() if x.startswith("hpcpar launch:"))
+    assert line == (
+        f"hpcpar launch: rank(s) 2 left the job without finishing {said.format(script=script)}; "
+        "the MPI launcher then ended rank(s) 0,1,3. Exit status 3"
+    ), done.stderr
+
+
+COUNT_AT_100 = """
+import numpy as np
+import hpcpar
+rank = hpcpar.default_comm().Get_rank()
+for call in range(200):
+    total = hpcpar.allreduce(np.ones(5 if call == 100 and rank == 1 else 3), algorithm="mpi")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.reliability("bad_input")
+def test_a_count_mismatch_the_mpi_library_ends_the_job_for_is_a_collective_mismatch(tmp_path):
+    """Between two of the guard's comparisons (call #100) rank 1 passes a longer count to
+    the library's own allreduce: MPICH ends the job from inside the call (a truncated
+    message is fatal there). One line from the library, one from hpcpar naming the
+    mismatch, exit status 1 as for any CollectiveMismatchError."""
+    from launching import launch
+
+    script = tmp_path / "count.py"
+    script.write_text(COUNT_AT_100)
+    done = launch(3, sys.executable, str(script))
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert "CollectiveMismatchError on rank(s) " in done.stderr, done.stderr
+    assert "the ranks passed different counts or dtypes to a collective" in done.stderr
+    assert "error stack" not in done.stderr and len(done.stderr.splitlines()) <= 3, done.stderr
