@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import traceback
 from types import TracebackType
 
@@ -18,6 +19,7 @@ from .env import env_flag
 __all__ = ["install_excepthook", "abort_job", "format_exception_for_rank"]
 
 _installed = False
+OUTPUT_GRACE = 0.3  # seconds between the last write and MPI_Abort
 _RUNNER_FILES = ("runpy.py", "<frozen runpy>", "hpcpar/run.py", "hpcpar\\run.py")
 
 
@@ -46,6 +48,10 @@ def abort_job(code: int = 1) -> None:
     dump(final=True)  # this rank's flight record, when HPCPAR_TRACE asks for it
     sys.stdout.flush()
     sys.stderr.flush()
+    # The process manager reads a rank's output and its abort request on different
+    # channels and stops reading output once the abort arrives: give what was just
+    # written the time to be passed on, or the job can end with its error unsaid.
+    time.sleep(OUTPUT_GRACE)
     MPI.COMM_WORLD.Abort(code)
 
 
