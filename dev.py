@@ -190,6 +190,10 @@ def supervise(argv: list[str], env: dict[str, str] | None = None) -> int:
 def _run(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
     argv = [str(c) for c in cmd]
     _say(" ".join(argv))
+    # Every rank of every job imports hpcpar and pytest rewrites every test module in
+    # every process: with bytecode caches they compile once, not once per process.
+    env = dict(os.environ if env is None else env)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     code = supervise(argv, env)
     if code != 0:
         _say(f"failed with exit status {code}: {' '.join(argv)}")

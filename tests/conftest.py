@@ -77,10 +77,10 @@ class _Lockstep:
                     f"aborting the job. This rank's failure:\n{report.longreprtext}"
                 )
             time.sleep(0.001)
-        texts = self.comm.allgather(report.longreprtext if mine == _FAILED else "")
         failed = [r for r, s in enumerate(statuses) if s == _FAILED]
         skipped = [r for r, s in enumerate(statuses) if s == _SKIPPED]
-        if failed:
+        if failed:  # every rank knows it from the statuses, so every rank gathers the texts
+            texts = self.comm.allgather(report.longreprtext if mine == _FAILED else "")
             # Identical failures (the usual case for a collective assertion) print once.
             own = report.longreprtext if mine == _FAILED else ""
             groups: dict[str, list[int]] = {}

@@ -185,7 +185,7 @@ def test_cli_run_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_policy(
     ends with the uninterrupted run's policy, bit for bit."""
     import sys
 
-    from launching import killed_and_resumed, launch
+    from launching import launch, resumed_after_one_kill
 
     def solve(ranks, policy, *extra, env=None):
         game = ["--game", "leduc_poker", "--algorithm", "dcfr", "--iterations", "30"]
@@ -195,8 +195,8 @@ def test_cli_run_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_policy(
 
     plain = solve(2, tmp_path / "plain.json")
     assert plain.returncode == 0, plain.stderr
-    for ranks in (1, 3):
-        again = killed_and_resumed(solve, tmp_path, ranks, every=10, step=20)
+    runs = resumed_after_one_kill(solve, tmp_path, (1, 3), every=10, step=20)
+    for ranks, again in zip((1, 3), runs, strict=True):
         assert "# resumed at iteration 20" in again.stdout, again.stdout
         assert (tmp_path / "plain.json").read_text() == (
             tmp_path / f"resumed{ranks}.json"

@@ -139,18 +139,6 @@ def test_user_data_files(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_demo_sgd_step_passes_again_in_the_same_folder(tmp_path):
-    """A second demo in one results folder kills and resumes afresh (it used to resume the
-    first demo's finished checkpoint, so nothing was killed and the step failed)."""
-    from hpcpar.apps.sgd.plugin import killed_and_resumed
-
-    for attempt in (1, 2):
-        same, figure = killed_and_resumed(tmp_path)
-        assert same, f"attempt {attempt}: {figure}"
-        assert "killed (exit 0)" not in figure, figure
-
-
-@pytest.mark.slow
 @pytest.mark.reliability("fault")
 def test_training_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_model(tmp_path):
     """Sync training saves its one model once (Replicated) and the global data position,
@@ -159,7 +147,7 @@ def test_training_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_model(
     rank count, so the resumed run's is the uninterrupted run's."""
     import sys
 
-    from launching import killed_and_resumed, launch
+    from launching import launch, resumed_after_one_kill
 
     def train(ranks, out, *extra, env=None):
         args = ["-m", "hpcpar", "sgd", "--dataset", "wine", "--model", "mlp", "--hidden", "8",
@@ -169,8 +157,8 @@ def test_training_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_model(
 
     plain = train(2, tmp_path / "plain.json")
     assert plain.returncode == 0, plain.stderr
-    for ranks in (1, 3):
-        again = killed_and_resumed(train, tmp_path, ranks, every=4, step=8)
+    runs = resumed_after_one_kill(train, tmp_path, (1, 3), every=4, step=8)
+    for ranks, again in zip((1, 3), runs, strict=True):
         assert "# resumed at step 8" in again.stdout, again.stdout
         same = np.load(tmp_path / "plain.npy"), np.load(tmp_path / f"resumed{ranks}.npy")
         assert np.array_equal(*same), ranks
@@ -191,7 +179,7 @@ def test_a_torch_model_killed_mid_run_resumes_to_the_same_model(tmp_path):
     import sys
 
     pytest.importorskip("torch", reason="the torch front end needs torch (pip install torch)")
-    from launching import killed_and_resumed, launch
+    from launching import launch, resumed_after_one_kill
 
     def train(ranks, out, *extra, env=None):
         args = ["-m", "hpcpar", "sgd", "--framework", "torch", "--dataset", "digits",
@@ -203,8 +191,8 @@ def test_a_torch_model_killed_mid_run_resumes_to_the_same_model(tmp_path):
     assert plain.returncode == 0, plain.stderr
     assert "torch cnn" in plain.stdout and "epoch    2" in plain.stdout, plain.stdout
     expect = np.load(tmp_path / "plain.npy")
-    for ranks in (2, 3):
-        again = killed_and_resumed(train, tmp_path, ranks, every=4, step=8)
+    runs = resumed_after_one_kill(train, tmp_path, (2, 3), every=4, step=8)
+    for ranks, again in zip((2, 3), runs, strict=True):
         assert "# resumed at step 8" in again.stdout, again.stdout
         got = np.load(tmp_path / f"resumed{ranks}.npy")
         if ranks == 2:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -43,10 +44,22 @@ def killed_and_resumed(job, folder, ranks: int, every: int, step: int):
     """``job(ranks, out, *extra, env=None)`` run at 2 ranks saving every ``every`` steps,
     rank 1 killed right after step ``step`` commits, then run again at ``ranks`` ranks
     from the checkpoints (output ``folder/resumed<ranks>.json``); the resumed run."""
-    ck = ["--checkpoint", str(folder / f"ck{ranks}"), "--checkpoint-every", str(every)]
+    return resumed_after_one_kill(job, folder, (ranks,), every, step)[0]
+
+
+def resumed_after_one_kill(job, folder, rank_counts, every: int, step: int):
+    """As ``killed_and_resumed``, killed once and resumed at each of ``rank_counts``,
+    each from its own copy of the checkpoints the killed run left; the resumed runs."""
+    left = folder / "ck-killed"
+    ck = ["--checkpoint-every", str(every)]
     fault = clean_env(HPCPAR_CHECKPOINT_FAULT=f"kill=after-commit,step={step},rank=1")
-    crashed = job(2, folder / "killed.json", *ck, env=fault)
+    crashed = job(2, folder / "killed.json", "--checkpoint", str(left), *ck, env=fault)
     assert crashed.returncode != 0, crashed.stdout
-    again = job(ranks, folder / f"resumed{ranks}.json", *ck)
-    assert again.returncode == 0, again.stderr
-    return again
+    runs = []
+    for ranks in rank_counts:
+        shutil.copytree(left, folder / f"ck{ranks}")
+        again = job(ranks, folder / f"resumed{ranks}.json", "--checkpoint",
+                    str(folder / f"ck{ranks}"), *ck)  # fmt: skip
+        assert again.returncode == 0, again.stderr
+        runs.append(again)
+    return runs

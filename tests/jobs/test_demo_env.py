@@ -21,6 +21,15 @@ DEMO_VENV = ROOT / ".venv-demo"
 
 pytestmark = pytest.mark.slow  # builds an environment and starts whole jobs
 
+SGD_STEP_AGAIN = """
+import sys
+from pathlib import Path
+from hpcpar.apps.sgd.plugin import killed_and_resumed
+same, figure = killed_and_resumed(Path(sys.argv[1]))
+print(figure)
+sys.exit(0 if same else 1)
+"""
+
 
 def load_dev():
     """dev.py, the README's two commands, as a module."""
@@ -58,8 +67,15 @@ def test_the_demo_passes_with_only_its_own_setup(tmp_path):
             assert (results / name).stat().st_size > 0, name
     png = (results / "cfr.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    python = str(dev.bin_dir(DEMO_VENV) / "python")
+    # a second demo in the same results folder kills and resumes afresh (resuming the
+    # first demo's finished checkpoint would kill nothing and fail the step)
+    again = subprocess.run([python, "-c", SGD_STEP_AGAIN, str(results)], env=env,
+                           capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "killed (exit" in again.stdout and "killed (exit 0)" not in again.stdout, again.stdout
     # the environment really is the demo's: nothing of the test extras is in it
-    listed = subprocess.run([str(dev.bin_dir(DEMO_VENV) / "python"), "-m", "pip", "list"],
+    listed = subprocess.run([python, "-m", "pip", "list"],
                             capture_output=True, text=True, check=True).stdout.lower()  # fmt: skip
     assert "pytest" not in listed and "torch" not in listed
     assert "scikit-learn" in listed and "matplotlib" in listed
