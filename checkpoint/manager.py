@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from hpcpar.datatypes.threads import copy_array
-from hpcpar.runtime import flight
+from hpcpar.runtime import flight, settings
 
 from .faults import Fault, parse_fault
 from .gpu import device_to_host, is_device_array, pinned_empty
@@ -156,7 +155,7 @@ class Checkpointer:
         names = check_levels(levels)
         self.policy = parse_policy(policy, names)
         self.every, self.keep = self.policy.every, self.policy.keep
-        self.fault = parse_fault(os.environ.get("HPCPAR_CHECKPOINT_FAULT"))
+        self.fault = parse_fault(settings.value("HPCPAR_CHECKPOINT_FAULT"))
         layout = comm.layout if isinstance(comm, Hierarchy) else None
         self.comm = resolve_comm(comm).Dup()  # checkpoint traffic runs on its own communicator
         with Hierarchy(self.comm, layout=layout) as h:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .errors import LaunchError
 from .layout import format_ranks, node_assignment
+from .runtime import settings
 from .runtime.env import usable_cores
 from .runtime.exits import EARLY_EXIT, Departures, ended, faults, unfinished
 from .runtime.exits import ENV as EXIT_ENV
@@ -176,7 +177,9 @@ def plan_launch(
     if layout:
         env["HPCPAR_LAYOUT"] = layout
     if launcher == "srun":
-        pmi = environ.get("HPCPAR_SRUN_MPI") or ("pmix" if mpi.vendor == "openmpi" else "pmi2")
+        pmi = settings.value("HPCPAR_SRUN_MPI", environ) or (
+            "pmix" if mpi.vendor == "openmpi" else "pmi2"
+        )
         argv = ["srun", f"--ntasks={ranks}", f"--mpi={pmi}", "--kill-on-bad-exit=1", *rank_argv]
         notes.append("inside a Slurm allocation: using srun")
     elif launcher == "mpiexec":

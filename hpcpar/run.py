@@ -6,7 +6,6 @@ on every rank.
 
 from __future__ import annotations
 
-import os
 import runpy
 import sys
 
@@ -19,10 +18,11 @@ def main(argv: list[str] | None = None) -> None:
     if not args:
         sys.stderr.write("usage: python -m hpcpar.run script.py [args...]\n")
         raise SystemExit(2)
+    from .runtime import settings
     from .runtime.abort import install_excepthook
 
     install_excepthook()
-    if os.environ.get("HPCPAR_WATCHDOG"):  # the watchdog watches scripts that use mpi4py only
+    if settings.is_set("HPCPAR_WATCHDOG"):  # the watchdog watches scripts that use mpi4py only
         from .errors import HpcparError
         from .runtime.comm import default_comm
 

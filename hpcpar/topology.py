@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from mpi4py import MPI
 
 from .errors import LayoutError
 from .layout import format_ranks, node_assignment, parse_layout
+from .runtime import settings
 from .runtime.comm import resolve_comm
 
 __all__ = ["Hierarchy"]
@@ -42,7 +42,7 @@ class Hierarchy:
     def __init__(self, comm: Any = None, layout: str | None = None) -> None:
         self.comm: MPI.Intracomm = resolve_comm(comm)
         if layout is None:
-            layout = os.environ.get("HPCPAR_LAYOUT") or None
+            layout = settings.value("HPCPAR_LAYOUT") or None
         self.layout = self._agreed_layout(layout)
         rank = self.comm.Get_rank()
         if self.layout is None:

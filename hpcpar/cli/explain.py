@@ -38,13 +38,13 @@ def machine_profile(args: argparse.Namespace) -> Any:
     """The profile the options describe (``--profile``, ``--network``, or the environment's)."""
     from dataclasses import replace
 
-    from ..collectives.cost.profile import (
+    from ..errors import UsageError
+    from ..runtime.profile import (
         active_profile,
         default_profile,
         load_profile,
         parse_network,
     )
-    from ..errors import UsageError
 
     if args.profile and args.network:
         raise UsageError("give --profile or --network, not both")

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from ..plugins import Command, register
+from ..runtime.settings import lookup, unknown
 from .common import add_layout_argument
 
 __all__ = ["collect_info", "format_info"]
@@ -52,7 +53,8 @@ def collect_info(comm: Any) -> dict[str, str]:
         MPI.THREAD_MULTIPLE: "multiple",
     }
     major, minor = MPI.Get_version()
-    settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith("HPCPAR_")}
+    settings = {k: v for k, v in sorted(os.environ.items()) if lookup(k) is not None}
+    strays = unknown()
     return {
         "hpcpar": f"{__version__} (git {git_commit() or 'unknown'})",
         "MPI library": mpi.version,
@@ -67,7 +69,9 @@ def collect_info(comm: Any) -> dict[str, str]:
         "GPU": _gpu_info(),
         "ranks": str(comm.Get_size()),
         "HPCPAR_ settings": ", ".join(f"{k}={v}" for k, v in settings.items()) or "none",
-    }
+        **({"unknown HPCPAR_ names": ", ".join(strays) + " (no such setting: a typo?)"}
+           if strays else {}),
+    }  # fmt: skip
 
 
 def format_info(info: dict[str, str]) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..plugins import Command, commands, register
+from ..runtime import settings
 from .common import add_layout_argument, integer, real
 
 __all__: list[str] = []
@@ -51,7 +52,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--launcher",
         choices=("auto", "mpiexec", "srun"),
-        default=os.environ.get("HPCPAR_LAUNCHER", "auto"),
+        default=settings.value("HPCPAR_LAUNCHER"),
         help="auto: srun inside a Slurm allocation, else mpiexec (default: auto)",
     )
     parser.add_argument(
@@ -68,15 +69,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 def _timeout(args: argparse.Namespace) -> float | None:
     if args.timeout is not None:
         value = args.timeout
-    elif os.environ.get("HPCPAR_TIMEOUT"):
-        try:
-            value = float(os.environ["HPCPAR_TIMEOUT"])
-        except ValueError:
-            raise UsageError(
-                f"HPCPAR_TIMEOUT must be a number of seconds, not {os.environ['HPCPAR_TIMEOUT']!r}"
-            ) from None
     else:
-        return None
+        value = settings.value("HPCPAR_TIMEOUT")
+        if value is None:
+            return None
     if value <= 0:
         raise UsageError(f"launch: --timeout must be positive, not {value:g}")
     return value

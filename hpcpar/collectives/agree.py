@@ -1,8 +1,9 @@
 """Every rank of a communicator runs its collectives under the same settings.
 
-Each rank decides which algorithm a collective runs from its own environment
-(``HPCPAR_ALGORITHM_<COLLECTIVE>``, ``HPCPAR_RULES``, ``HPCPAR_PROFILE``,
-``HPCPAR_AUTOTUNE``, ``HPCPAR_SEGMENT_BYTES``, ``HPCPAR_CHECK``, ``HPCPAR_LAYOUT``).
+Each rank decides which algorithm a collective runs from its own environment (the
+settings marked ``agree`` in ``runtime/settings.py``: ``HPCPAR_ALGORITHM_<COLLECTIVE>``,
+``HPCPAR_RULES``, ``HPCPAR_PROFILE``, ``HPCPAR_AUTOTUNE``, ``HPCPAR_SEGMENT_BYTES``,
+``HPCPAR_CHECK``, ``HPCPAR_LAYOUT``).
 Ranks started with different values would run different algorithms: a hang, or wrong
 results with exit status 0. So the first time hpcpar uses a communicator (a collective
 step every rank takes anyway) the ranks compare these settings, the contents of the
@@ -20,21 +21,24 @@ from typing import Any
 
 from .._version import __version__
 from ..layout import format_ranks
+from ..runtime.settings import TABLE
 from .errors import CollectiveMismatchError
 from .names import COLLECTIVES
 
 __all__ = ["SETTINGS", "FILE_SETTINGS", "settings", "agree"]
 
-SETTINGS = (
-    *(f"HPCPAR_ALGORITHM_{name.upper()}" for name in COLLECTIVES),
-    "HPCPAR_RULES",
-    "HPCPAR_PROFILE",
-    "HPCPAR_AUTOTUNE",
-    "HPCPAR_SEGMENT_BYTES",
-    "HPCPAR_CHECK",
-    "HPCPAR_LAYOUT",
+# the settings table's entries the ranks must agree on (a family: one per collective)
+SETTINGS = tuple(
+    member
+    for entry in TABLE
+    if entry.agree
+    for member in (
+        [f"{entry.name}{name.upper()}" for name in COLLECTIVES]
+        if entry.name.endswith("_")
+        else [entry.name]
+    )
 )
-FILE_SETTINGS = ("HPCPAR_RULES", "HPCPAR_PROFILE")  # compared by content, not path
+FILE_SETTINGS = tuple(e.name for e in TABLE if e.agree and e.kind == "path")  # by content
 
 
 def settings() -> dict[str, str]:

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..runtime.env import TRUE_WORDS, getenv_fast
+from ..runtime.env import getenv_fast
+from ..runtime.settings import FALSE_WORDS, TRUE_WORDS, flag, raw_key
 from .registry import LIBRARY
 from .state import fast_state
 
@@ -40,14 +41,19 @@ __all__ = [
 BUDGET_S = 0.03  # per candidate
 ROUNDS = 3  # loops of calls per candidate; the fastest loop counts
 CANDIDATES = 3  # besides the library's call
-_KEY = b"HPCPAR_AUTOTUNE"
-_PROFILE = b"HPCPAR_PROFILE"
+_KEY = raw_key("HPCPAR_AUTOTUNE")
+_PROFILE = raw_key("HPCPAR_PROFILE")
 
 
 def autotune_on() -> bool:
     """Whether ``HPCPAR_AUTOTUNE`` asks for online tuning (read on every call)."""
     value = getenv_fast("HPCPAR_AUTOTUNE", _KEY)
-    return value is not None and value.strip().lower() in TRUE_WORDS
+    if value is None:
+        return False
+    word = value.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    return False if word in FALSE_WORDS or not word else flag("HPCPAR_AUTOTUNE")  # a typo: raises
 
 
 def measure_calls(state: Any, name: str, run: Any) -> float:
@@ -93,9 +99,9 @@ def tuned_algorithm(
     quick = (x.nbytes.bit_length(), x.dtype.str, opkey, getenv_fast("", _PROFILE))
     if state is not None and quick in state.tuned_quick:
         return state.tuned_quick[quick]
+    from ..runtime.profile import active_profile
     from .algorithms import ALGORITHMS
     from .cost.explain import plan_for
-    from .cost.profile import active_profile
     from .cost.tally import Layout
     from .ops import resolve_op
     from .select import valid_for

@@ -13,14 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.devices import is_device_array
 from .errors import CollectiveError
 
 __all__ = ["host_array", "to_device_like", "result_buffer", "check_out", "is_device_array"]
-
-
-def is_device_array(x: Any) -> bool:
-    """Whether ``x`` lives on a GPU (cupy or anything with the CUDA array interface)."""
-    return hasattr(x, "__cuda_array_interface__")
 
 
 def host_array(x: Any, name: str = "x") -> np.ndarray:

@@ -10,19 +10,25 @@ from __future__ import annotations
 from typing import Any
 
 from ..layout import format_ranks
-from ..runtime.env import TRUE_WORDS, getenv_fast
+from ..runtime.env import getenv_fast
+from ..runtime.settings import FALSE_WORDS, TRUE_WORDS, flag, raw_key
 from .errors import CollectiveMismatchError
 
 __all__ = ["checking", "check_same"]
 
 
-_KEY = b"HPCPAR_CHECK"
+_KEY = raw_key("HPCPAR_CHECK")
 
 
 def checking() -> bool:
     """Whether ``HPCPAR_CHECK`` is on (read on every call, so it can be switched any time)."""
     value = getenv_fast("HPCPAR_CHECK", _KEY)
-    return value is not None and value.strip().lower() in TRUE_WORDS
+    if value is None:
+        return False
+    word = value.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    return False if word in FALSE_WORDS or not word else flag("HPCPAR_CHECK")  # a typo: raises
 
 
 def check_same(comm: Any, collective: str, **fields: Any) -> None:

@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..runtime.env import RAW_ENVIRON, TRUE_WORDS
+from ..runtime.env import RAW_ENVIRON
 from ..runtime.flight import LAST as _RUN
 from ..runtime.flight import RECORDING as _FLIGHT_ON
 from ..runtime.flight import TRACING, fast_entry
 from ..runtime.orphans import ADOPTED, progress_adopted
+from ..runtime.settings import FALSE_WORDS, raw_key
 from . import mpi_library
 from .channel import LAST_CALL
 from .errors import explain_mpi_error
@@ -33,7 +34,10 @@ from .state import fast_state
 __all__ = ["fast_allreduce"]
 
 _RAW = RAW_ENVIRON
-_ON = tuple(word.encode() for word in TRUE_WORDS)
+_OFF = (b"", *(word.encode() for word in FALSE_WORDS))  # else the general path (on, or a typo)
+_CHECK, _AUTOTUNE = raw_key("HPCPAR_CHECK"), raw_key("HPCPAR_AUTOTUNE")
+_LAYOUT, _ALGORITHM = raw_key("HPCPAR_LAYOUT"), raw_key("HPCPAR_ALGORITHM_ALLREDUCE")
+_RULES, _PROFILE = raw_key("HPCPAR_RULES"), raw_key("HPCPAR_PROFILE")
 _IN_PLACE = MPI.IN_PLACE
 
 
@@ -53,20 +57,20 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
     if ADOPTED:  # dropped nonblocking calls still in flight: give them a chance
         progress_adopted()
     get = _RAW.get
-    flag = get(b"HPCPAR_CHECK")
-    if flag is not None and flag.strip().lower() in _ON:
+    flag = get(_CHECK)
+    if flag is not None and flag.strip().lower() not in _OFF:
         return None
-    state = fast_state(comm, get(b"HPCPAR_LAYOUT") or b"")
+    state = fast_state(comm, get(_LAYOUT) or b"")
     if state is None:
         return None
     if algorithm == "auto":
         if tune_from_env:
-            flag = get(b"HPCPAR_AUTOTUNE")
-            if flag is not None and flag.strip().lower() in _ON:
+            flag = get(_AUTOTUNE)
+            if flag is not None and flag.strip().lower() not in _OFF:
                 return None
         # auto's choice depends on the size, the element size and three variables
-        key: tuple[Any, ...] = (x.nbytes, x.dtype, id(op), get(b"HPCPAR_ALGORITHM_ALLREDUCE"),
-                                get(b"HPCPAR_RULES"), get(b"HPCPAR_PROFILE"))  # fmt: skip
+        key: tuple[Any, ...] = (x.nbytes, x.dtype, id(op), get(_ALGORITHM), get(_RULES),
+                                get(_PROFILE))  # fmt: skip
     elif algorithm == LIBRARY:
         key = (x.nbytes, x.dtype, id(op))
     else:
@@ -100,7 +104,9 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
         fast_entry(decided, state, "allreduce", x, op)
     seq = state._sequence = state._sequence + 1  # next_tag() without the tag it computes
     if _GUARD[0]:  # the always-on mismatch guard: what _begin does (guard.py)
-        state.guard_sum += decided[2] * seq  # guard.fold, inlined
+        if state.guard_run is not decided:  # a run of identical calls is folded at its end
+            state.fold_guard_run(seq - 1)
+            state.guard_run, state.guard_run_from = decided, seq
         if seq >= state.guard_next:
             verify(state, "allreduce")
     try:

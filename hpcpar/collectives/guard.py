@@ -16,7 +16,9 @@ signatures; compared modulo 2**62, that stays so for swaps fewer than 64 calls a
 and all but certainly (one chance in about 2**54) for any other. At the calls numbered
 1, 2, 4, ..., ``EVERY`` and then every ``EVERY``-th on a communicator, before that call
 moves any data, the ranks compare the sums of the calls since the last comparison with
-one 16-byte allreduce. Sums that differ raise ``CollectiveMismatchError`` on every rank,
+one 16-byte allreduce. The allreduce fast path adds a run of identical calls in one
+step when the run ends (``fold_guard_run`` on the communicator's state): the same sum.
+Sums that differ raise ``CollectiveMismatchError`` on every rank,
 naming the first call that differed and what each rank called (from the flight
 record), so a mismatch from the first call on is caught before it computes anything
 and a later one within ``EVERY`` calls. ``hpcpar bench guard`` measures the cost.
@@ -82,6 +84,7 @@ def verify(state: Any, collective: str) -> None:
     Raises:
         CollectiveMismatchError: on every rank, when the sums differ.
     """
+    state.fold_guard_run()
     seq = state._sequence
     first = state.guard_from
     state.guard_next = seq + min(seq, EVERY)

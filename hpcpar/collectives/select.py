@@ -10,6 +10,7 @@ always correct for the op (rank order kept for non-commutative ops).
 from __future__ import annotations
 
 from ..runtime.env import getenv_fast
+from ..runtime.settings import raw_key
 from .algorithms import ALGORITHMS
 from .errors import CollectiveError
 from .ops import ReduceOp
@@ -18,7 +19,7 @@ from .state import CommState
 
 __all__ = ["choose", "valid_for"]
 
-_ENV_KEYS = {name: f"HPCPAR_ALGORITHM_{name.upper()}".encode() for name in ALGORITHMS}
+_ENV_KEYS = {name: raw_key(f"HPCPAR_ALGORITHM_{name.upper()}") for name in ALGORITHMS}
 
 
 def valid_for(algorithm: Algorithm, op: ReduceOp | None, state: CommState) -> str | None:

@@ -14,9 +14,10 @@ from typing import Any
 
 from mpi4py import MPI
 
-from ..runtime import flight
+from ..runtime import flight, settings
 from ..runtime.comm import default_comm, resolve_comm
 from ..runtime.env import getenv_fast
+from ..runtime.settings import raw_key
 from ..topology import Hierarchy
 from .agree import agree
 from .channel import Channel, CollectiveStats
@@ -28,7 +29,7 @@ TAGS_PER_CALL = 8  # sub-schedules of one call that run side by side use tag + 0
 _KEYVAL: int | None = None
 # The state of comm=None and the HPCPAR_LAYOUT it was made for (looked up on every call).
 _DEFAULT: tuple[str, CommState, bytes] | None = None  # (layout, state, layout encoded)
-_LAYOUT_KEY = b"HPCPAR_LAYOUT"
+_LAYOUT_KEY = raw_key("HPCPAR_LAYOUT")
 _MADE = 0  # states made in this process: communicators are numbered in that order
 
 
@@ -65,13 +66,33 @@ class CommState:
         self.guard_sum = 0  # the calls since the last comparison, weighted (guard.py)
         self.guard_from = 0  # the sequence number of the first of them
         self.guard_next = 1  # compare when the sequence reaches this
+        # the fast path's run of identical calls not yet in guard_sum: its cached
+        # decision (signature at [2]) and the sequence number of its first call
+        self.guard_run: tuple[Any, ...] | None = None
+        self.guard_run_from = 0
         self.auto_cache: dict[tuple[object, ...], tuple[str, str]] = {}
         self.fast_auto: dict[tuple[object, ...], bool] = {}  # allreduce's fast path
         self.tuned: dict[tuple[object, ...], tuple[str, str]] = {}  # autotune's winners
         self.tuned_quick: dict[tuple[object, ...], tuple[str, str]] = {}  # by call arguments
 
+    def fold_guard_run(self, last: int | None = None) -> None:
+        """Add the fast path's pending run of identical calls to the guard's sum.
+
+        The run's calls are numbered ``guard_run_from`` to ``last`` (default: the last
+        call made): their weights sum to the run's length times its middle number, one
+        multiply for the run.
+        """
+        run = self.guard_run
+        if run is not None:
+            first = self.guard_run_from
+            last = self._sequence if last is None else last
+            self.guard_sum += run[2] * ((first + last) * (last - first + 1) // 2)
+            self.guard_run = None
+
     def next_tag(self) -> int:
         """The base tag of the next collective call (every rank calls in the same order)."""
+        if self.guard_run is not None:  # a call off the fast path ends its run
+            self.fold_guard_run()
         tag = 1 + (self._sequence % self._tag_slots) * TAGS_PER_CALL
         self._sequence += 1
         return tag
@@ -145,7 +166,7 @@ def state_for(comm: Any) -> CommState:
     if isinstance(comm, Hierarchy):
         base, layout = comm.comm, comm.layout
     else:
-        base, layout = resolve_comm(comm), os.environ.get("HPCPAR_LAYOUT") or None
+        base, layout = resolve_comm(comm), settings.value("HPCPAR_LAYOUT") or None
     if _KEYVAL is None:
         _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete)
     cache = base.Get_attr(_KEYVAL)

@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..collectives.cost.profile import active_profile
+from ..runtime.profile import active_profile
 from .ir import Strided
 from .plan import Plan
 from .threads import local_ranks
@@ -197,7 +197,7 @@ def device_send_method(p: Plan, profile: Any = None) -> tuple[str, str]:
 
 def explain_send(obj: Any, count: int = 1, profile: Any = None) -> str:
     """One paragraph: the layout, its typical block, the chosen method and why."""
-    from ..collectives.buffers import is_device_array
+    from ..runtime.devices import is_device_array
     from .plan import plan
 
     p = obj if isinstance(obj, Plan) else plan(obj)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime import settings
 from ..runtime.env import usable_cores
 
 __all__ = ["PARALLEL_BYTES", "copy_array", "parallel_copy", "run_parts"]
@@ -46,11 +47,7 @@ def copy_threads() -> int:
     start a thread per core. Read once.
     """
     if not _thread_count:
-        wanted = os.environ.get("HPCPAR_COPY_THREADS", "")
-        if wanted.isdigit() and int(wanted) >= 1:
-            count = int(wanted)
-        else:
-            count = max(1, usable_cores() // local_ranks())
+        count = settings.value("HPCPAR_COPY_THREADS") or max(1, usable_cores() // local_ranks())
         _thread_count.append(min(count, 8))
     return _thread_count[0]
 

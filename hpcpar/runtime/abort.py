@@ -14,7 +14,7 @@ import time
 import traceback
 from types import TracebackType
 
-from .env import env_flag
+from . import settings
 
 __all__ = ["install_excepthook", "abort_job", "format_exception_for_rank"]
 
@@ -87,7 +87,7 @@ def install_excepthook() -> None:
     Idempotent. Set ``HPCPAR_ABORT_ON_ERROR=0`` to keep Python's own behaviour.
     """
     global _installed, _previous_hook
-    if _installed or not env_flag("HPCPAR_ABORT_ON_ERROR", default=True):
+    if _installed or not settings.flag("HPCPAR_ABORT_ON_ERROR"):
         return
     _previous_hook = sys.excepthook
     sys.excepthook = _hook

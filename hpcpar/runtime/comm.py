@@ -9,6 +9,7 @@ from typing import Any
 from mpi4py import MPI
 
 from ..errors import CommunicatorError
+from . import settings
 from .abort import install_excepthook
 from .exits import mark_started
 from .trace import arm as arm_trace
@@ -34,6 +35,7 @@ def default_comm() -> MPI.Intracomm:
     with _lock:
         if _default is None:
             _ensure_initialized()
+            settings.check()  # a typo in any HPCPAR_* value fails here, naming it
             install_excepthook()
             comm = MPI.COMM_WORLD.Dup()
             comm.Set_name("hpcpar")

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = [
-    "launcher_rank_size", "env_flag", "getenv_fast", "usable_cores", "RAW_ENVIRON", "TRUE_WORDS",
-]  # fmt: skip
-
-TRUE_WORDS = ("1", "true", "yes", "on")  # what a boolean HPCPAR_* variable takes as true
+__all__ = ["launcher_rank_size", "getenv_fast", "usable_cores", "RAW_ENVIRON"]
 
 # (rank variable, size variable) of the process managers we know: Hydra/PMI, PMIx,
 # Open MPI, Slurm.
@@ -28,14 +24,6 @@ def launcher_rank_size() -> tuple[int, int]:
             size = os.environ.get(size_var, "")
             return int(rank), int(size) if size.isdigit() else int(rank) + 1
     return 0, 1
-
-
-def env_flag(name: str, default: bool = False) -> bool:
-    """Read a boolean ``HPCPAR_*`` environment variable (1/true/yes/on are true)."""
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    return value.strip().lower() in TRUE_WORDS
 
 
 _RAW = getattr(os.environ, "_data", None)  # CPython's encoded mapping behind os.environ

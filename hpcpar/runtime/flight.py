@@ -25,6 +25,8 @@ import sys
 import time
 from typing import Any
 
+from . import settings
+
 __all__ = [
     "SLOTS",
     "CURRENT",
@@ -48,7 +50,7 @@ __all__ = [
 ]
 
 # HPCPAR_TRACE (hpcpar.runtime.trace): every call its own entry, many more kept
-TRACING = bool(os.environ.get("HPCPAR_TRACE", "").strip())
+TRACING = bool(settings.value("HPCPAR_TRACE"))
 SLOTS = 1 << 16 if TRACING else 512  # entries kept per rank (a power of two)
 _MASK = SLOTS - 1
 
@@ -61,8 +63,7 @@ RING: list[list[Any] | None] = [None] * SLOTS
 AT = [0]  # entries made so far; the next goes to RING[AT[0] & _MASK]
 CURRENT: list[list[Any] | None] = [None]  # the entry of the last call this rank started
 LAST: list[Any] = [None, None]  # what the last entry was for, and the entry (runs)
-_OFF_WORDS = ("0", "false", "no", "off")
-RECORDING = [os.environ.get("HPCPAR_FLIGHT", "1").strip().lower() not in _OFF_WORDS]
+RECORDING = [settings.flag("HPCPAR_FLIGHT", strict=False)]  # a typo: settings.check says
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the hpcpar package
 _CHECKPOINT = os.path.join(os.path.dirname(_HERE), "checkpoint")
 _INSIDE_PATHS = (_HERE + os.sep, _CHECKPOINT + os.sep)

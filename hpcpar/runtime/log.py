@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
+
+from . import settings
 
 __all__ = ["get_logger"]
 
@@ -25,7 +26,7 @@ class _RankFilter(logging.Filter):
 def _level_for_rank() -> int:
     from .env import launcher_rank_size
 
-    override = os.environ.get("HPCPAR_LOG_LEVEL")
+    override = settings.value("HPCPAR_LOG_LEVEL")
     if override:
         return logging.getLevelName(override.upper()) if not override.isdigit() else int(override)
     rank, _ = launcher_rank_size()

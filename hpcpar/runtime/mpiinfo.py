@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import settings
+
 __all__ = ["MPIInstallation", "find_mpi", "vendor_of"]
 
 
@@ -74,7 +76,7 @@ def _mpi_module():
 
 
 def _find_mpiexec(libmpi: str | None) -> tuple[str | None, str]:
-    override = os.environ.get("HPCPAR_MPIEXEC")
+    override = settings.value("HPCPAR_MPIEXEC")
     if override:
         return shutil.which(override) or override, "HPCPAR_MPIEXEC"
     candidates: list[tuple[Path, str]] = []

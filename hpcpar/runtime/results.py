@@ -16,6 +16,7 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import HpcparError
+from . import settings
 
 __all__ = [
     "run_metadata",
@@ -80,7 +81,7 @@ def run_metadata(
         "mpi_library": mpi_library(),
         "mpi4py_version": _mpi4py_version(),
         "ranks": ranks,
-        "layout": layout if layout is not None else os.environ.get("HPCPAR_LAYOUT") or None,
+        "layout": layout if layout is not None else settings.value("HPCPAR_LAYOUT") or None,
         "parameters": _jsonable(dict(parameters or {})),
         "host": platform.node(),
         "python": sys.version.split()[0],

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HpcparError
-from . import flight
+from . import flight, settings
 from .exits import ENV as EXIT_ENV
 
 __all__ = [
@@ -63,7 +63,7 @@ class TraceError(HpcparError):
 
 def arm(rank: int, size: int) -> None:
     """Write this rank's record at exit if ``HPCPAR_TRACE`` names a folder (once)."""
-    folder = os.environ.get(ENV, "").strip()
+    folder = settings.value(ENV) or ""
     if not folder or _armed:
         return
     _armed.update(folder=folder, rank=rank, size=size)

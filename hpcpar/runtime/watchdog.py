@@ -46,6 +46,7 @@ from typing import Any
 
 from ..errors import UsageError
 from . import flight
+from .settings import value
 
 __all__ = [
     "ENV",
@@ -126,20 +127,8 @@ def settings(env: Any = None) -> tuple[float, str] | None:
     Raises:
         UsageError: a limit that is not a positive number of seconds, or an unknown action.
     """
-    env = os.environ if env is None else env
-    raw = env.get(ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        limit = float(raw)
-    except ValueError:
-        limit = float("nan")
-    if not limit > 0 or limit == float("inf"):
-        raise UsageError(f"{ENV}={raw!r}: expected a number of seconds above 0")
-    action = env.get(ACTION_ENV, "abort").strip().lower() or "abort"
-    if action not in ("abort", "report"):
-        raise UsageError(f"{ACTION_ENV}={action!r}: expected abort or report")
-    return limit, action
+    limit = value(ENV, env)
+    return None if limit is None else (limit, value(ACTION_ENV, env))
 
 
 def start_from_env(comm: Any) -> None:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import HpcparError
+from ..runtime import settings
 
 __all__ = [
     "cluster",
@@ -37,7 +38,7 @@ __all__ = [
     "STATE_DIR",
 ]
 
-STATE_DIR = Path(os.environ.get("HPCPAR_VCLUSTER_DIR", "/run/hpcpar-vcluster"))
+STATE_DIR = Path(settings.value("HPCPAR_VCLUSTER_DIR"))
 PREFIX = "hpv"
 BRIDGE = f"{PREFIX}br0"
 MAX_NODES = 64

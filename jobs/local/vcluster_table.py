@@ -10,8 +10,8 @@ import json
 import sys
 
 from hpcpar.collectives.cost.explain import plan_for
-from hpcpar.collectives.cost.profile import load_profile
 from hpcpar.collectives.cost.tally import Layout
+from hpcpar.runtime.profile import load_profile
 
 _TUNED = ("mpi-direct", "auto", "autotune", "auto-persistent", "mpi-persistent")
 

@@ -10,8 +10,8 @@ from collective_cases import affine, contribution
 
 import hpcpar
 from hpcpar.collectives import last_stats
-from hpcpar.collectives.cost.profile import ProfileError
 from hpcpar.collectives.cost.rules import RulesError
+from hpcpar.runtime.profile import ProfileError
 from hpcpar.testing import assert_all
 
 pytestmark = pytest.mark.mpi

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hpcpar.collectives.cost.profile import load_profile
+from hpcpar.runtime.profile import load_profile
 
 pytestmark = [pytest.mark.slow]  # starts whole jobs: left out of dev.py test --quick
 

@@ -9,7 +9,9 @@ import pytest
 
 from hpcpar.collectives.cost.explain import plan_for
 from hpcpar.collectives.cost.model import predict, rank_algorithms
-from hpcpar.collectives.cost.profile import (
+from hpcpar.collectives.cost.simulate import simulate
+from hpcpar.collectives.cost.tally import Layout
+from hpcpar.runtime.profile import (
     Level,
     Profile,
     ProfileError,
@@ -18,8 +20,6 @@ from hpcpar.collectives.cost.profile import (
     parse_network,
     profile_from_json,
 )
-from hpcpar.collectives.cost.simulate import simulate
-from hpcpar.collectives.cost.tally import Layout
 
 # A classic flat network (one rank per node), no hpcpar overheads: the textbook setting.
 NETWORK = Profile("textbook", Level(1e-6, 1 / 10e9), Level(5e-6, 1 / 10e9), 1 / 20e9)

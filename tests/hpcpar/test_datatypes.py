@@ -525,8 +525,8 @@ def test_probe_agrees_with_decoding_on_simple_types():
 def test_without_a_table_regular_layouts_go_as_datatypes_irregular_ones_packed(
     crowded, monkeypatch
 ):
-    from hpcpar.collectives.cost.profile import default_profile, profile_from_json
     from hpcpar.datatypes import choose
+    from hpcpar.runtime.profile import default_profile, profile_from_json
 
     monkeypatch.setattr(choose, "oversubscribed", lambda: crowded)
     rows = 64 + 2 * crowded  # a layout of its own per case: the choice is kept per layout
@@ -564,8 +564,8 @@ def test_oversubscribed_compares_the_launchers_ranks_with_the_nodes_cores(monkey
 
 
 def test_send_method_follows_the_measured_table():
-    from hpcpar.collectives.cost.profile import ProfileError, default_profile, profile_from_json
     from hpcpar.datatypes.choose import send_method
+    from hpcpar.runtime.profile import ProfileError, default_profile, profile_from_json
 
     table = [[8, 65536, 2e-4, 1e-4], [65536, 4194304, 1e-3, 2e-3]]
     doc = {
@@ -616,8 +616,8 @@ class _FakeDeviceArray:
 
 
 def test_device_send_method_follows_the_table_else_the_layout():
-    from hpcpar.collectives.cost.profile import ProfileError, default_profile, profile_from_json
     from hpcpar.datatypes.choose import device_send_method, explain_send
+    from hpcpar.runtime.profile import ProfileError, default_profile, profile_from_json
 
     bare = default_profile()
     column = datatypes.plan(np.zeros((64, 64))[:, :8])  # one strided run: one 2D copy
@@ -797,14 +797,18 @@ def test_copy_threads_are_this_ranks_share_of_the_cores(monkeypatch):
         ({"MPI_LOCALNRANKS": str(2 * cores)}, 1),  # oversubscribed: one thread each
         ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, min(cores, 8)),
         ({"HPCPAR_COPY_THREADS": "3", "MPI_LOCALNRANKS": "64"}, 3),
-        ({"HPCPAR_COPY_THREADS": "many"}, min(cores, 8)),  # not a count: ignored
+        ({"HPCPAR_COPY_THREADS": "many"}, "HPCPAR_COPY_THREADS='many': expected a whole number"),
     ):
         for name in (*threads._LOCAL_RANKS, "HPCPAR_COPY_THREADS"):
             monkeypatch.delenv(name, raising=False)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         monkeypatch.setattr(threads, "_thread_count", [])
-        assert threads.copy_threads() == want, env
+        if isinstance(want, str):  # not a count: refused, naming the variable
+            with pytest.raises(hpcpar.UsageError, match=want):
+                threads.copy_threads()
+        else:
+            assert threads.copy_threads() == want, env
 
 
 @pytest.mark.parametrize("kind", ["datatype", "view"])

@@ -110,7 +110,7 @@ def test_halo_exchange_matches_the_global_array(comm, ndims, periodic, on, tmp_p
     if on in ("host, packed", "host, datatypes"):
         import json
 
-        from hpcpar.collectives.cost.profile import default_profile
+        from hpcpar.runtime.profile import default_profile
 
         pack, typed = (1e-6, 1e-3) if on == "host, packed" else (1e-3, 1e-6)
         doc = default_profile().to_json()

@@ -15,7 +15,7 @@ import hpcpar
 from hpcpar.errors import CommunicatorError, HpcparError
 from hpcpar.runtime.abort import format_exception_for_rank
 from hpcpar.runtime.comm import resolve_comm
-from hpcpar.runtime.env import env_flag, launcher_rank_size
+from hpcpar.runtime.env import launcher_rank_size
 from hpcpar.runtime.log import get_logger
 from hpcpar.runtime.results import write_csv, write_json
 from hpcpar.testing import assert_all
@@ -87,14 +87,6 @@ def test_launcher_rank_size(monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "8")
     assert launcher_rank_size() == (3, 8)
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"), [("1", True), ("yes", True), ("0", False), ("off", False), ("", False)]
-)
-def test_env_flag(monkeypatch, value, expected):
-    monkeypatch.setenv("HPCPAR_X", value)
-    assert env_flag("HPCPAR_X") is expected
 
 
 def test_traceback_is_prefixed_with_rank():

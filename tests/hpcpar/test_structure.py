@@ -70,6 +70,50 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
+# The layers, lowest first: a module imports only from its own layer or those below.
+LAYERS = [
+    ("base", ["hpcpar", "hpcpar.errors", "hpcpar._version", "hpcpar.layout"]),
+    ("runtime", ["hpcpar.runtime"]),
+    ("topology", ["hpcpar.topology"]),
+    ("datatypes", ["hpcpar.datatypes"]),
+    ("collectives", ["hpcpar.collectives"]),
+    ("p2p, halo, checkpoint", ["hpcpar.p2p", "hpcpar.halo", "hpcpar.checkpoint"]),
+    ("cli, bench, launcher", ["hpcpar.cli", "hpcpar.bench", "hpcpar.launcher", "hpcpar.run",
+                              "hpcpar.vcluster", "hpcpar.plugins", "hpcpar.testing",
+                              "hpcpar.__main__"]),
+    ("apps", ["hpcpar.apps"]),
+]  # fmt: skip
+
+
+def _layer(module: str) -> int | None:
+    best = None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or (prefix != "hpcpar" and module.startswith(prefix + ".")):
+                best = i
+    return best
+
+
+def test_every_module_is_in_a_layer():
+    assert [n for n in MODULES if _layer(n) is None] == []
+
+
+def test_imports_only_run_down_the_layers():
+    """runtime < topology < datatypes < collectives < p2p/halo/checkpoint < cli/bench < apps
+    (the package's ``__init__`` re-exports the public API from every layer)."""
+    upward = []
+    for name, found in GRAPH.items():
+        if name == "hpcpar":
+            continue
+        for target, _ in found:
+            if target.startswith("hpcpar") and target != "hpcpar":
+                mine, theirs = _layer(name), _layer(target)
+                if theirs is not None and mine is not None and theirs > mine:
+                    upward.append(f"{name} ({LAYERS[mine][0]}) imports {target} "
+                                  f"({LAYERS[theirs][0]})")  # fmt: skip
+    assert upward == [], "\n".join(upward)
+
+
 def test_no_module_imports_another_modules_private_names():
     borrowed = [f"{n} imports {item} from {t}" for n, found in GRAPH.items()
                 for t, item in found if item and item.startswith("_")

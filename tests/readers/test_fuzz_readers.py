@@ -150,7 +150,7 @@ def test_random_bytes_are_refused_as_an_hdf5_shard(tmp_path_factory, data):
 @READER_EXAMPLES
 @given(JSON)
 def test_a_profile_that_is_any_json(tmp_path_factory, doc):
-    from hpcpar.collectives.cost.profile import load_profile
+    from hpcpar.runtime.profile import load_profile
 
     path = tmp_path_factory.mktemp("profile") / "p.json"
     path.write_text(json.dumps(doc))

@@ -8,10 +8,9 @@ other's messages.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from ...runtime import settings
 from ..call import Call
 from ..cost.tally import Counts, Groups, Layout, groups_of, one_per_node
 from ..registry import ORDER_CONTIGUOUS, Algorithm, Shape
@@ -27,7 +26,7 @@ DEFAULT_SEGMENT_BYTES = 256 * 1024
 def segment_elements(itemsize: int, segment_bytes: int | None = None) -> int:
     """Elements per segment (``HPCPAR_SEGMENT_BYTES`` or 256 KiB by default)."""
     if segment_bytes is None:
-        segment_bytes = int(os.environ.get("HPCPAR_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES))
+        segment_bytes = settings.value("HPCPAR_SEGMENT_BYTES")
     return max(1, segment_bytes // max(1, itemsize))
 
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from ...runtime.profile import Level, Profile
 from ..algorithms import ALGORITHMS
 from .counts import counts_for
-from .profile import Level, Profile
 from .tally import Layout
 
 __all__ = ["calibrate", "PING_SIZES", "LIBRARY_SIZES"]

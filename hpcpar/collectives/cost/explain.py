@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...runtime.profile import Profile, active_profile, default_profile
 from ..algorithms import ALGORITHMS
 from ..errors import CollectiveError
 from ..names import COLLECTIVES
 from ..registry import LIBRARY
 from .model import TIE, Prediction, rank_algorithms
-from .profile import Profile, active_profile, default_profile
 from .tally import Layout
 
 __all__ = ["Plan", "explain", "plan_for", "auto_choice"]

@@ -23,6 +23,7 @@ from typing import Any
 
 from ...errors import HpcparError
 from ...runtime.env import getenv_fast
+from ...runtime.settings import raw_key
 from ..algorithms import ALGORITHMS
 
 __all__ = ["Rule", "RulesError", "load_rules", "rules_from_json", "active_rules", "match_rule"]
@@ -111,7 +112,7 @@ def load_rules(path: str | os.PathLike[str]) -> dict[str, list[Rule]]:
 _loaded: dict[str, dict[str, list[Rule]]] = {}
 
 
-_KEY = b"HPCPAR_RULES"
+_KEY = raw_key("HPCPAR_RULES")
 
 
 def active_rules() -> dict[str, list[Rule]] | None:

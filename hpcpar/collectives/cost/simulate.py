@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...runtime.profile import Profile
 from ..algorithms import ALGORITHMS
 from ..registry import LIBRARY
 from .model import predict
-from .profile import Profile
 from .tally import Layout
 
 __all__ = ["SimulationRow", "simulate", "labels"]

@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...errors import HpcparError
-from ...runtime.env import RAW_ENVIRON, getenv_fast
+from ..errors import HpcparError
+from .env import RAW_ENVIRON, getenv_fast
+from .settings import raw_key
 
 __all__ = [
     "Level",
@@ -259,7 +260,7 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
 _active: dict[bytes | str, Profile | None] = {}
 
 
-_KEY = b"HPCPAR_PROFILE"
+_KEY = raw_key("HPCPAR_PROFILE")
 
 
 def active_profile() -> Profile | None:
