@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.env import getenv_fast
-from ..runtime.settings import FALSE_WORDS, TRUE_WORDS, flag, raw_key
+from ..runtime.settings import flag_of, raw_key
 from .registry import LIBRARY
 from .state import fast_state
 
@@ -47,13 +47,7 @@ _PROFILE = raw_key("HPCPAR_PROFILE")
 
 def autotune_on() -> bool:
     """Whether ``HPCPAR_AUTOTUNE`` asks for online tuning (read on every call)."""
-    value = getenv_fast("HPCPAR_AUTOTUNE", _KEY)
-    if value is None:
-        return False
-    word = value.strip().lower()
-    if word in TRUE_WORDS:
-        return True
-    return False if word in FALSE_WORDS or not word else flag("HPCPAR_AUTOTUNE")  # a typo: raises
+    return flag_of("HPCPAR_AUTOTUNE", getenv_fast("HPCPAR_AUTOTUNE", _KEY))
 
 
 def measure_calls(state: Any, name: str, run: Any) -> float:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..layout import format_ranks
 from ..runtime.env import getenv_fast
-from ..runtime.settings import FALSE_WORDS, TRUE_WORDS, flag, raw_key
+from ..runtime.settings import flag_of, raw_key
 from .errors import CollectiveMismatchError
 
 __all__ = ["checking", "check_same"]
@@ -22,13 +22,7 @@ _KEY = raw_key("HPCPAR_CHECK")
 
 def checking() -> bool:
     """Whether ``HPCPAR_CHECK`` is on (read on every call, so it can be switched any time)."""
-    value = getenv_fast("HPCPAR_CHECK", _KEY)
-    if value is None:
-        return False
-    word = value.strip().lower()
-    if word in TRUE_WORDS:
-        return True
-    return False if word in FALSE_WORDS or not word else flag("HPCPAR_CHECK")  # a typo: raises
+    return flag_of("HPCPAR_CHECK", getenv_fast("HPCPAR_CHECK", _KEY))
 
 
 def check_same(comm: Any, collective: str, **fields: Any) -> None:

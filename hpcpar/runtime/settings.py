@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import UsageError
 
 __all__ = [
-    "TRUE_WORDS", "FALSE_WORDS", "Setting", "TABLE", "lookup", "value", "flag", "is_set",
+    "TRUE_WORDS", "FALSE_WORDS", "Setting", "TABLE", "lookup", "value", "flag", "flag_of", "is_set",
     "raw_key", "check", "unknown", "markdown_table",
 ]  # fmt: skip
 
@@ -214,6 +214,22 @@ def flag(name: str, environ: Mapping[str, str] | None = None, strict: bool = Tru
         if strict:
             raise
         return _flag(name, lookup(name).default or "0")  # type: ignore[union-attr]
+
+
+def flag_of(name: str, raw: str | None) -> bool:
+    """Flag ``name``'s value from its raw text (None: unset), for readers on every call.
+
+    Raises:
+        UsageError: a word that is neither true nor false, naming the variable.
+    """
+    if raw is None:
+        return False
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS or not word:
+        return False
+    return _flag(name, raw)  # raises
 
 
 def is_set(name: str, environ: Mapping[str, str] | None = None) -> bool:
