@@ -150,8 +150,13 @@ def supervise(argv: list[str], env: dict[str, str] | None = None) -> int:
     """
     netns_before = _namespaces() if _reaping else set()
     # the pre-exec hook makes one system call (prctl) and takes no lock: safe with threads
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True,
-                            preexec_fn=_end_with_parent)  # noqa: PLW1509  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_end_with_parent,  # noqa: PLW1509
+    )
     stopped: list[tuple[int, float]] = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -229,8 +234,19 @@ def setup(extras: str, venv: Path = VENV) -> None:
 def demo_argv(venv: Path = VENV, *demo_args: str) -> list[str]:
     """The demo's command line: 'hpcpar demo' on 4 ranks over two virtual nodes."""
     hpcpar = str(bin_dir(venv) / "hpcpar")
-    return [hpcpar, "launch", "-n", "4", "--layout", "ppn:2", "--timeout", "600", "--", "demo",
-            *demo_args]  # fmt: skip
+    return [
+        hpcpar,
+        "launch",
+        "-n",
+        "4",
+        "--layout",
+        "ppn:2",
+        "--timeout",
+        "600",
+        "--",
+        "demo",
+        *demo_args,
+    ]
 
 
 def demo() -> None:
@@ -248,16 +264,19 @@ def ensure_slurm() -> None:
     if all(shutil.which(d, path=sbin) for d in ("slurmctld", "slurmd", "munged", "sbatch")):
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        _say("Slurm is missing and cannot be installed here (needs root and apt-get): "
-             "the Slurm tests will skip")  # fmt: skip
+        _say(
+            "Slurm is missing and cannot be installed here (needs root and apt-get): "
+            "the Slurm tests will skip"
+        )
         return
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm", "munge"]
     for attempt in (install, ["apt-get", "update", "-q"], install):
         _say("$ " + " ".join(attempt))
         try:
-            done = subprocess.run(attempt, env=env, timeout=900, check=False,
-                                  stdout=subprocess.DEVNULL)  # fmt: skip
+            done = subprocess.run(
+                attempt, env=env, timeout=900, check=False, stdout=subprocess.DEVNULL
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             _say(f"{attempt[1]} failed ({exc}): the Slurm tests will skip")
             return
@@ -288,14 +307,29 @@ def test(pytest_args: list[str], quick: bool = False) -> None:
     env = dict(os.environ, HPCPAR_RELIABILITY_DIR=tally)
     workers = ["-n", str(WORKERS), "--dist", "loadgroup"] if WORKERS > 1 else []
     pytest = [py, "-m", "pytest", "--with-mpi", "-m"]
-    _run(*pytest, "not slow" if quick else "not slow and not alone", *workers, *pytest_args,
-         env=env)  # fmt: skip
+    _run(
+        *pytest, "not slow" if quick else "not slow and not alone", *workers, *pytest_args, env=env
+    )
     if not quick:
         _run(*pytest, "slow and not alone", *workers, *pytest_args, env=env)
         _run(*pytest, "alone", *pytest_args, env=env)
     for ranks in RANKS_UNDER_MPI[:1] if quick else RANKS_UNDER_MPI:
-        _run(hpcpar, "launch", "-n", str(ranks), "--", "python", "-m", "pytest", "--with-mpi",
-             "-m", under_mpi, "-q", *pytest_args, env=env)  # fmt: skip
+        _run(
+            hpcpar,
+            "launch",
+            "-n",
+            str(ranks),
+            "--",
+            "python",
+            "-m",
+            "pytest",
+            "--with-mpi",
+            "-m",
+            under_mpi,
+            "-q",
+            *pytest_args,
+            env=env,
+        )
     _say(f"all tests passed in {time.monotonic() - started:.0f} s")
     sys.path.insert(0, str(ROOT / "tests" / "helpers"))
     from reliability import total

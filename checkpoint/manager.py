@@ -393,8 +393,9 @@ class Checkpointer:
         done: list[Level] = []
         for level in due:
             start = time.perf_counter()
-            entry = flight.point(f"checkpoint commit {level.name}", "checkpoint", None, step,
-                                 current=False)  # fmt: skip  # (a background thread)
+            entry = flight.point(
+                f"checkpoint commit {level.name}", "checkpoint", None, step, current=False
+            )  # (a background thread)
             if self.fault is not None:
                 self.fault.arm_write(step, self.rank, level.name)
             reason = level.write(step, shard, stored, written)
@@ -550,9 +551,15 @@ class Checkpointer:
                 levels = [LEVELS[n] for n in names]
                 try:
                     flat, served = restore_resharded(
-                        self.comm, self.root, self.job.local_dir, candidate, old, levels,
-                        reshard, per_rank,
-                    )  # fmt: skip
+                        self.comm,
+                        self.root,
+                        self.job.local_dir,
+                        candidate,
+                        old,
+                        levels,
+                        reshard,
+                        per_rank,
+                    )
                 except LayoutError:
                     raise
                 except CheckpointError as exc:
@@ -621,7 +628,10 @@ class Checkpointer:
             value = flat.get(name) if self.rank == 0 else None
             described = self.comm.bcast(
                 (value.shape, value.dtype.descr if value.dtype.fields else value.dtype.str)
-                if isinstance(value, np.ndarray) else None, root=0)  # fmt: skip
+                if isinstance(value, np.ndarray)
+                else None,
+                root=0,
+            )
             if described is None:
                 raise CheckpointError(f"replicated {name!r} is missing from rank 0's shard")
             shape, dtype = described
@@ -702,8 +712,13 @@ def _describe(flat: dict[str, Any]) -> dict[str, list[Any]]:
         value = flat.get(name)
         if value is None:
             continue
-        row = [layout.get("kind"), layout.get("global"), layout.get("offset"),
-               list(value.shape), str(np.dtype(value.dtype))]  # fmt: skip
+        row = [
+            layout.get("kind"),
+            layout.get("global"),
+            layout.get("offset"),
+            list(value.shape),
+            str(np.dtype(value.dtype)),
+        ]
         if layout.get("kind") == "replicated" and checking():
             host = value.get() if is_device_array(value) else value
             row.append(checksum.digest(np.ascontiguousarray(host).reshape(-1).view(np.uint8)))

@@ -53,8 +53,10 @@ def _summary(source: Any) -> dict[str, Any]:
             out[name] = {"value": entry["value"]}
         else:
             dtype = entry["dtype_obj"]
-            out[name] = {"dtype": dtype.descr if dtype.fields else dtype.str,
-                         "shape": list(entry["shape"])}  # fmt: skip
+            out[name] = {
+                "dtype": dtype.descr if dtype.fields else dtype.str,
+                "shape": list(entry["shape"]),
+            }
     return out
 
 
@@ -148,9 +150,10 @@ def _per_rank_problem(leaves: dict[str, _Leaf], old: int, size: int, per_rank: A
         return ""
     arrays = [n for n, leaf in leaves.items() if leaf.kind == "array"]
     values = [
-        n for n, leaf in leaves.items()
+        n
+        for n, leaf in leaves.items()
         if leaf.kind == "value" and any(v != leaf.values[0] for v in leaf.values)
-    ]  # fmt: skip
+    ]
     if not arrays and not values:
         return ""
     what = ", ".join(repr(n) for n in (arrays + values)[:6])
@@ -214,16 +217,18 @@ def restore_resharded(
         targets = _targets(comm, leaves, reshard)
         servers = _servers(leaves, targets, seen, chosen, old, size)
 
-        def serve(r: int, client: int, servers: dict[int, int] = servers,
-                  chosen: dict[int, str] = chosen) -> int:  # fmt: skip
+        def serve(
+            r: int, client: int, servers: dict[int, int] = servers, chosen: dict[int, str] = chosen
+        ) -> int:
             """Who reads a move: its client if it sees the data (no message).
 
             Else the saved rank's server reads it and sends or broadcasts it.
             """
             return client if client >= 0 and chosen[r] in seen[client][r] else servers[r]
 
-        flat, errors = _transfer(comm, leaves, targets, serve, openers, chosen, old, per_rank,
-                                 alloc)  # fmt: skip
+        flat, errors = _transfer(
+            comm, leaves, targets, serve, openers, chosen, old, per_rank, alloc
+        )
         every = {}
         for part in comm.allgather(errors):
             every.update(part)
@@ -318,8 +323,14 @@ def _targets(comm: Any, leaves: dict[str, _Leaf], reshard: Any) -> dict[str, lis
     return {name: [every[k][0][name] for k in range(size)] for name in mine}
 
 
-def _servers(leaves: dict[str, _Leaf], targets: dict[str, list[Block]], seen: list[Any],
-             chosen: dict[int, str], old: int, size: int) -> dict[int, int]:  # fmt: skip
+def _servers(
+    leaves: dict[str, _Leaf],
+    targets: dict[str, list[Block]],
+    seen: list[Any],
+    chosen: dict[int, str],
+    old: int,
+    size: int,
+) -> dict[int, int]:
     """Per saved rank, the rank that reads it for broadcasts and for ranks that cannot.
 
     Of the ranks that can see it, the one needing most of it.
@@ -341,8 +352,9 @@ def _servers(leaves: dict[str, _Leaf], targets: dict[str, list[Block]], seen: li
     return out
 
 
-def _transfers(leaves: dict[str, _Leaf], targets: dict[str, list[Block]], old: int, size: int,
-               per_rank: Any) -> list[tuple[Any, ...]]:  # fmt: skip
+def _transfers(
+    leaves: dict[str, _Leaf], targets: dict[str, list[Block]], old: int, size: int, per_rank: Any
+) -> list[tuple[Any, ...]]:
     """Every move, in one order on every rank.
 
     A move: (leaf, saved rank, source offset, box, client or -1 for all, output key,
@@ -429,8 +441,17 @@ class _Mover:
         if r in self.sources:
             self.sources[r].prefetch(name, src, box)
 
-    def move(self, name: str, r: int, server: int, src: tuple[int, ...], box: tuple[int, ...],
-             client: int, target: Any, dst: tuple[int, ...]) -> None:  # fmt: skip
+    def move(
+        self,
+        name: str,
+        r: int,
+        server: int,
+        src: tuple[int, ...],
+        box: tuple[int, ...],
+        client: int,
+        target: Any,
+        dst: tuple[int, ...],
+    ) -> None:
         """Move saved rank ``r``'s ``box`` of leaf ``name``, piece by piece.
 
         ``server`` reads it at ``src``; it goes to ``target`` at ``dst`` on ``client``
@@ -487,8 +508,9 @@ class _Mover:
                 request.Wait()
                 self.pending[i] = None
 
-    def read(self, r: int, name: str, origin: tuple[int, ...], box: tuple[int, ...],
-             out: np.ndarray) -> None:  # fmt: skip
+    def read(
+        self, r: int, name: str, origin: tuple[int, ...], box: tuple[int, ...], out: np.ndarray
+    ) -> None:
         """Read a box of saved rank ``r``'s leaf.
 
         After a failure: zeros (the round is then retried from another level).
@@ -528,8 +550,9 @@ def _transfer(
     # every rank runs the moves in one order, so a rank blocked in a send or receive
     # waits only for its partner's earlier moves: the moves between ranks go first, and
     # each rank's reads for itself after them run at the same time as the others'
-    moves = sorted(_transfers(leaves, targets, old, size, per_rank),
-                   key=lambda m: serve(m[1], m[4]) == m[4])  # fmt: skip
+    moves = sorted(
+        _transfers(leaves, targets, old, size, per_rank), key=lambda m: serve(m[1], m[4]) == m[4]
+    )
     try:
         for name, r, src, box, client, _, _ in moves:  # the disk reads ahead while we work
             if serve(r, client) == rank and math.prod(box):

@@ -75,15 +75,20 @@ def check_layouts(described: list[dict[str, Any]]) -> str:
         per_rank = [d.get(name) for d in described]
         kinds = {(p[0] if p else "unmarked") for p in per_rank}
         if len(kinds) > 1:
-            how = {k: [r for r, p in enumerate(per_rank) if (p[0] if p else "unmarked") == k]
-                   for k in sorted(kinds)}  # fmt: skip
+            how = {
+                k: [r for r, p in enumerate(per_rank) if (p[0] if p else "unmarked") == k]
+                for k in sorted(kinds)
+            }
             detail = "; ".join(f"{k} on rank(s) {_ranks(r)}" for k, r in how.items())
             return f"save: {name!r} is declared differently across ranks: {detail}"
         kind = per_rank[0][0] if per_rank[0] else "unmarked"
         if kind == "unmarked":
             continue
-        for what, index in (("global shape", 1), ("dtype", 4)) if kind == "sharded" else (
-            ("shape", 3), ("dtype", 4)):  # fmt: skip
+        for what, index in (
+            (("global shape", 1), ("dtype", 4))
+            if kind == "sharded"
+            else (("shape", 3), ("dtype", 4))
+        ):
             seen = {str(p[index]) for p in per_rank}
             if len(seen) > 1:
                 return f"save: {kind} {name!r} has different {what}s across ranks: {sorted(seen)}"

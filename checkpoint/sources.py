@@ -201,8 +201,9 @@ class Source:
     level = ""
     entries: dict[str, Any]
 
-    def read_box(self, name: str, offset: tuple[int, ...], box: tuple[int, ...],
-                 out: np.ndarray) -> None:  # fmt: skip
+    def read_box(
+        self, name: str, offset: tuple[int, ...], box: tuple[int, ...], out: np.ndarray
+    ) -> None:
         """Fill ``out`` (C-contiguous, of shape ``box``) from array ``name`` at ``offset``.
 
         Raises:
@@ -270,8 +271,9 @@ class ShardSource(Source):
         first, last = int(starts[0]) * itemsize, (int(starts[-1]) + run) * itemsize
         self.raw.advise(entry["offset"] + first, last - first)
 
-    def read_box(self, name: str, offset: tuple[int, ...], box: tuple[int, ...],
-                 out: np.ndarray) -> None:  # fmt: skip
+    def read_box(
+        self, name: str, offset: tuple[int, ...], box: tuple[int, ...], out: np.ndarray
+    ) -> None:
         """Read the box's runs, whole verified blocks at a time."""
         entry = self.entries[name]
         itemsize = entry["dtype_obj"].itemsize
@@ -282,8 +284,9 @@ class ShardSource(Source):
         for j, first in enumerate(starts.tolist()):
             self._span(name, entry, size, first * itemsize, flat[j * length : (j + 1) * length])
 
-    def _span(self, name: str, entry: dict[str, Any], size: int, start: int,
-              out: np.ndarray) -> None:  # fmt: skip
+    def _span(
+        self, name: str, entry: dict[str, Any], size: int, start: int, out: np.ndarray
+    ) -> None:
         """Bytes ``start .. start + len(out)`` of an array, verified block by block.
 
         Whole blocks are read in place, several at once on ``READ_THREADS`` threads
@@ -312,13 +315,15 @@ class ShardSource(Source):
             if done:
                 raise CheckpointError(done)
 
-    def _whole_block(self, name: str, entry: dict[str, Any], size: int, k: int,
-                     target: np.ndarray) -> None:  # fmt: skip
+    def _whole_block(
+        self, name: str, entry: dict[str, Any], size: int, k: int, target: np.ndarray
+    ) -> None:
         self.raw.read_into(entry["offset"] + k * size, target)
         self._verify(name, entry, k, target)
 
-    def _whole_blocks(self, name: str, entry: dict[str, Any], size: int,
-                      group: list[tuple[int, np.ndarray]]) -> str:  # fmt: skip
+    def _whole_blocks(
+        self, name: str, entry: dict[str, Any], size: int, group: list[tuple[int, np.ndarray]]
+    ) -> str:
         """Read whole blocks in order (on a helper thread); why they failed, or ""."""
         try:
             for k, target in group:
@@ -377,8 +382,9 @@ class H5Source(Source):
             self.file.close()
             raise CheckpointError(f"{path}: unreadable ({str(exc).splitlines()[0][:80]})") from None
 
-    def read_box(self, name: str, offset: tuple[int, ...], box: tuple[int, ...],
-                 out: np.ndarray) -> None:  # fmt: skip
+    def read_box(
+        self, name: str, offset: tuple[int, ...], box: tuple[int, ...], out: np.ndarray
+    ) -> None:
         """Read the box with h5py (raw-byte datasets run by run)."""
         entry = self.entries[name]
         ds = entry["ds"]
@@ -495,8 +501,12 @@ def _xor_openers(
             and "value" not in parity
             and parity["nbytes"] == chunk
         ):
-            sets[rank] = {"members": members, "lengths": lengths, "chunk": chunk,
-                          "parity": (path, parity["offset"])}  # fmt: skip
+            sets[rank] = {
+                "members": members,
+                "lengths": lengths,
+                "chunk": chunk,
+                "parity": (path, parity["offset"]),
+            }
     for rank in range(ranks):
         if ("shard", rank) in files:
             continue
@@ -510,8 +520,14 @@ def _xor_openers(
         found[rank]["xor"] = _xor_opener(files, sets, members, rank, step, info)
 
 
-def _xor_opener(files: dict[tuple[str, int], Path], sets: dict[int, dict[str, Any]],
-                members: list[int], rank: int, step: int, info: dict[str, Any]) -> Any:  # fmt: skip
+def _xor_opener(
+    files: dict[tuple[str, int], Path],
+    sets: dict[int, dict[str, Any]],
+    members: list[int],
+    rank: int,
+    step: int,
+    info: dict[str, Any],
+) -> Any:
     def open_rebuild() -> Source:
         shards = {i: _FileBytes(files[("shard", m)]) for i, m in enumerate(members) if m != rank}
         parities = {

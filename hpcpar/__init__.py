@@ -30,9 +30,23 @@ _PUBLIC: dict[str, str | None] = {
     "default_comm": "hpcpar.runtime.comm",
     **dict.fromkeys(
         (
-            "allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall", "alltoallv",
-            "barrier", "iallreduce", "ireduce", "ibcast", "iallgather", "ireduce_scatter",
-            "ialltoall", "ialltoallv", "ibarrier", "allreduce_init",
+            "allreduce",
+            "reduce",
+            "bcast",
+            "allgather",
+            "reduce_scatter",
+            "alltoall",
+            "alltoallv",
+            "barrier",
+            "iallreduce",
+            "ireduce",
+            "ibcast",
+            "iallgather",
+            "ireduce_scatter",
+            "ialltoall",
+            "ialltoallv",
+            "ibarrier",
+            "allreduce_init",
         ),
         "hpcpar.collectives",
     ),
@@ -41,7 +55,7 @@ _PUBLIC: dict[str, str | None] = {
         ("send", "recv", "isend", "irecv", "sendrecv", "send_init", "recv_init"), "hpcpar.p2p"
     ),
     "HaloExchange": "hpcpar.halo",
-}  # fmt: skip
+}
 
 __all__ = list(_PUBLIC)
 

@@ -75,10 +75,12 @@ class HaloExchange:
         largest = max((move[4].nbytes for step in self._steps for move in step), default=0)
         sending, landing = np.empty(largest, np.uint8), np.empty(largest, np.uint8)
         self._host_steps = [
-            [(*move[:4], _shaped(sending, move[4]), _shaped(landing, move[4]), move[5])
-             for move in step]
+            [
+                (*move[:4], _shaped(sending, move[4]), _shaped(landing, move[4]), move[5])
+                for move in step
+            ]
             for step in self._steps
-        ]  # fmt: skip
+        ]
         self._device_methods: dict[tuple[int, ...], list[str]] = {}  # GPU arrays' strides
 
     def _region(self, d: int, side: int, halo: bool) -> tuple[slice, ...]:
@@ -149,8 +151,9 @@ class HaloExchange:
                     np.copyto(outgoing, a[send_at])
                     sending = outgoing
                 landing = _message(a, flat, recv_at, in_way)
-                self.comm.Sendrecv(sending, to, tag, incoming if landing is None else landing,
-                                   frm, tag)  # fmt: skip
+                self.comm.Sendrecv(
+                    sending, to, tag, incoming if landing is None else landing, frm, tag
+                )
                 if landing is None and frm != MPI.PROC_NULL:
                     np.copyto(a[recv_at], incoming)
                 tag += 1

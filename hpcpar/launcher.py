@@ -336,8 +336,9 @@ def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
         )
         return MISMATCH_EXIT
     if gone and (status in _KILLED or crashed):
-        sys.stderr.write(f"hpcpar launch: {_who_left(gone, first, crashed)}. Exit status "
-                         f"{EARLY_EXIT}\n")  # fmt: skip
+        sys.stderr.write(
+            f"hpcpar launch: {_who_left(gone, first, crashed)}. Exit status {EARLY_EXIT}\n"
+        )
         return EARLY_EXIT
     return status
 
@@ -349,9 +350,11 @@ def _who_left(gone: list[int], first: list[int], crashed: dict[int, str]) -> str
     """
     culprits = sorted(crashed) or first
     if not culprits:
-        return (f"rank(s) {format_ranks(gone)} left the job without finishing (os._exit, a "
-                f"signal or a crash) while it ran; the other ranks may not have finished "
-                f"their work")  # fmt: skip
+        return (
+            f"rank(s) {format_ranks(gone)} left the job without finishing (os._exit, a "
+            f"signal or a crash) while it ran; the other ranks may not have finished "
+            f"their work"
+        )
     quiet = "os._exit or a signal"
     if len(culprits) == 1:
         how = crashed.get(culprits[0], quiet)
@@ -365,8 +368,12 @@ def _who_left(gone: list[int], first: list[int], crashed: dict[int, str]) -> str
 def _run(plan: LaunchPlan, timeout: float | None, env: dict[str, str]) -> int:
     shm_before = _shm_segments()
     # the pre-exec hook makes one system call (prctl) and takes no lock: safe with threads
-    proc = subprocess.Popen(plan.argv, env=env, start_new_session=True,
-                            preexec_fn=_ends_with_launcher())  # noqa: PLW1509  # fmt: skip
+    proc = subprocess.Popen(
+        plan.argv,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_ends_with_launcher(),  # noqa: PLW1509
+    )
     stopped: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:

@@ -83,8 +83,10 @@ def node_assignment(spec: str | Layout, size: int) -> list[int]:
         return [r % k for r in range(size)]
     if layout.kind == "map":
         if len(layout.values) != size:
-            raise LayoutError(f"layout map:... names the node of {len(layout.values)} "
-                              f"rank(s) but the job has {size}")  # fmt: skip
+            raise LayoutError(
+                f"layout map:... names the node of {len(layout.values)} "
+                f"rank(s) but the job has {size}"
+            )
         number: dict[int, int] = {}  # renumbered in the order of each node's lowest rank
         return [number.setdefault(node, len(number)) for node in layout.values]
     total = sum(layout.values)

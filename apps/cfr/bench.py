@@ -130,8 +130,10 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         f"peer: OpenSpiel {getattr(pyspiel, '__version__', '')} C++ CFRSolver; "
         f"median of {args.repeats}; curves {args.budget:g} s each"
     )
-    say(f"# {'game':12s} {'variant':18s} {'s/iter':>10s} {'min':>10s} {'max':>10s} "
-        f"{'speedup':>8s} {'iters':>7s} {'exploit.':>10s}")  # fmt: skip
+    say(
+        f"# {'game':12s} {'variant':18s} {'s/iter':>10s} {'min':>10s} {'max':>10s} "
+        f"{'speedup':>8s} {'iters':>7s} {'exploit.':>10s}"
+    )
     rows = []
     for name in games:
         spec = GAMES[name]

@@ -139,8 +139,10 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
             if solver.t % args.eval_every == 0 or solver.t == args.iterations:
                 gap = solver.exploitability()
                 rows.append({"iteration": solver.t, "seconds": clock, "exploitability": gap})
-                say(f"  iteration {solver.t:7d}  {clock:9.3f} s  exploitability {gap:.3e}",
-                    flush=True)  # fmt: skip
+                say(
+                    f"  iteration {solver.t:7d}  {clock:9.3f} s  exploitability {gap:.3e}",
+                    flush=True,
+                )
                 if args.target_exploitability and gap < args.target_exploitability:
                     break
     finally:

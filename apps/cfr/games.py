@@ -87,7 +87,7 @@ class LeducState:
         "round",
         "seq",
         "stakes",
-    )  # fmt: skip
+    )
 
     def __init__(self) -> None:
         self.deck = [True] * 6

@@ -22,9 +22,21 @@ def _step(comm: Any, h: Any, folder: Path, say: Any) -> Step:
     """DCFR on Leduc poker to exploitability 0.002."""
     start = time.perf_counter()
     out = folder / "cfr.json"
-    argv = ["cfr", "--game", "leduc_poker", "--algorithm", "dcfr", "--iterations", "2000",
-            "--eval-every", "10", "--target-exploitability", "0.002",
-            "--out", str(out)]  # fmt: skip
+    argv = [
+        "cfr",
+        "--game",
+        "leduc_poker",
+        "--algorithm",
+        "dcfr",
+        "--iterations",
+        "2000",
+        "--eval-every",
+        "10",
+        "--target-exploitability",
+        "0.002",
+        "--out",
+        str(out),
+    ]
     layout = ["--layout", h.layout] if h.layout else []
     status = run_command(comm, argv + layout, folder / "cfr.log")
     gap = result_of(comm, out, "exploitability")
@@ -35,8 +47,13 @@ def _step(comm: Any, h: Any, folder: Path, say: Any) -> Step:
         if ok
         else (f"exit status {status}, exploitability {gap}")
     )
-    return Step("CFR on Leduc poker", ok, figure, time.perf_counter() - start,
-                ["cfr.json", "cfr.png", "cfr.log"])  # fmt: skip
+    return Step(
+        "CFR on Leduc poker",
+        ok,
+        figure,
+        time.perf_counter() - start,
+        ["cfr.json", "cfr.png", "cfr.log"],
+    )
 
 
 register(TourStep("CFR on Leduc poker", 30, _step))

@@ -268,13 +268,24 @@ def load_tree(path: Any) -> Tree:
         raise CfrError(f"{path}: not a readable tree file ({exc.__class__.__name__})") from None
     try:
         players = [
-            PlayerSeqs(**{part: np.asarray(raw[f"p{p}_{part}"]) for part in
-                          ("parent", "first", "n_actions", "depth", "actions", "keys")})
+            PlayerSeqs(
+                **{
+                    part: np.asarray(raw[f"p{p}_{part}"])
+                    for part in ("parent", "first", "n_actions", "depth", "actions", "keys")
+                }
+            )
             for p in (0, 1)
-        ]  # fmt: skip
+        ]
         counts = raw["counts"]
-        tree = Tree(str(raw["name"]), players, raw["rows"], raw["cols"], raw["vals"],
-                    int(counts[0]), int(counts[1]))  # fmt: skip
+        tree = Tree(
+            str(raw["name"]),
+            players,
+            raw["rows"],
+            raw["cols"],
+            raw["vals"],
+            int(counts[0]),
+            int(counts[1]),
+        )
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise CfrError(f"{path}: not a tree file (missing {exc})") from None
     _check(tree, path)

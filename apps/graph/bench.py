@@ -49,11 +49,17 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--roots", type=integer(1, 1 << 20), default=16, help="search keys per kernel (16)"
     )
-    parser.add_argument("--validate", type=integer(0), default=2, metavar="K",
-                        help="validate the first K keys' results (2)")  # fmt: skip
+    parser.add_argument(
+        "--validate",
+        type=integer(0),
+        default=2,
+        metavar="K",
+        help="validate the first K keys' results (2)",
+    )
     parser.add_argument("--kernels", default="bfs,sssp")
-    parser.add_argument("--peer-binary", metavar="PATH",
-                        help="graph500_reference_bfs_sssp built from its source")  # fmt: skip
+    parser.add_argument(
+        "--peer-binary", metavar="PATH", help="graph500_reference_bfs_sssp built from its source"
+    )
     parser.add_argument(
         "--gap-binary", metavar="DIR", help="the GAP benchmark suite's folder (its bfs and sssp)"
     )
@@ -65,8 +71,13 @@ def _teps(times: list[float], nedge: list[int]) -> dict[str, float]:
     from .driver import harmonic_teps
 
     teps = [e / t for e, t in zip(nedge, times, strict=True)]
-    return {"harmonic_mean": harmonic_teps(times, nedge), "median": statistics.median(teps),
-            "min": min(teps), "max": max(teps), "spread_pct": quartile_spread(teps)}  # fmt: skip
+    return {
+        "harmonic_mean": harmonic_teps(times, nedge),
+        "median": statistics.median(teps),
+        "min": min(teps),
+        "max": max(teps),
+        "spread_pct": quartile_spread(teps),
+    }
 
 
 def _scipy(edges: Any, keys: list[int], nedge: list[int], kernels: list[str]) -> list[dict]:
@@ -107,8 +118,14 @@ def _reference(binary: str, ranks: int, scale: int, edgefactor: int, timeout: fl
     if mpiexec is None:
         raise RuntimeError("no mpiexec found for the MPI library mpi4py loads (HPCPAR_MPIEXEC)")
     cmd = [mpiexec, "-n", str(ranks), binary, str(scale), str(edgefactor)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env=detached_env(SKIP_VALIDATION="1"), check=False)  # fmt: skip
+    done = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=detached_env(SKIP_VALIDATION="1"),
+        check=False,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr[-500:]}")
     docs = []
@@ -117,10 +134,19 @@ def _reference(binary: str, ranks: int, scale: int, edgefactor: int, timeout: fl
         harmonic = re.search(rf"{kernel}\s+harmonic_mean_TEPS:\s+!\s+(\S+)", done.stdout)
         if not per or harmonic is None:
             continue
-        docs.append({"variant": "graph500-ref", "kernel": kernel,
-                     "teps": {"harmonic_mean": float(harmonic.group(1)),
-                              "median": statistics.median(per), "min": min(per),
-                              "max": max(per), "spread_pct": quartile_spread(per)}})  # fmt: skip
+        docs.append(
+            {
+                "variant": "graph500-ref",
+                "kernel": kernel,
+                "teps": {
+                    "harmonic_mean": float(harmonic.group(1)),
+                    "median": statistics.median(per),
+                    "min": min(per),
+                    "max": max(per),
+                    "spread_pct": quartile_spread(per),
+                },
+            }
+        )
     construction = re.search(r"construction_time:\s+(\S+)", done.stdout)
     for d in docs:
         d["construction_s"] = float(construction.group(1)) if construction else None
@@ -145,36 +171,63 @@ def _gap(
         binary = Path(folder) / kernel
         cmd = [str(binary), "-g", str(scale), "-k", str(edgefactor), "-n", str(roots)]
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false")
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                              check=False)  # fmt: skip
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False
+        )
         times = [float(x) for x in re.findall(r"Trial Time:\s+(\S+)", done.stdout)]
         if done.returncode != 0 or not times:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): "
-                               f"{(done.stderr or done.stdout)[-500:]}")  # fmt: skip
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed ({done.returncode}): {(done.stderr or done.stdout)[-500:]}"
+            )
         build = re.search(r"Build Time:\s+(\S+)", done.stdout)
-        docs.append({"variant": "gap", "kernel": kernel, "threads": threads,
-                     "teps": _teps(times, [int(edges)] * len(times)),
-                     "construction_s": float(build.group(1)) if build else None})  # fmt: skip
+        docs.append(
+            {
+                "variant": "gap",
+                "kernel": kernel,
+                "threads": threads,
+                "teps": _teps(times, [int(edges)] * len(times)),
+                "construction_s": float(build.group(1)) if build else None,
+            }
+        )
     return docs
 
 
-def _peers(args: argparse.Namespace, whole: list[Any] | None, edges: Any, keys: list[int],
-           nedge: list[int], kernels: list[str], size: int, scale: int) -> list[dict]:  # fmt: skip
+def _peers(
+    args: argparse.Namespace,
+    whole: list[Any] | None,
+    edges: Any,
+    keys: list[int],
+    nedge: list[int],
+    kernels: list[str],
+    size: int,
+    scale: int,
+) -> list[dict]:
     """Rank 0, while the others sleep: scipy on the gathered graph, the reference, GAP."""
     from . import EdgeList
 
     peers: list[dict] = []
     if whole is not None:
-        full = EdgeList(*(np.concatenate([getattr(e, f) for e in whole])
-                          for f in ("src", "dst", "weight")),
-                        edges.n_vertices, edges.n_edges, 0)  # fmt: skip
+        full = EdgeList(
+            *(np.concatenate([getattr(e, f) for e in whole]) for f in ("src", "dst", "weight")),
+            edges.n_vertices,
+            edges.n_edges,
+            0,
+        )
         peers = _scipy(full, keys, nedge, kernels)
         del full
     if args.peer_binary:
         peers += _reference(args.peer_binary, size, scale, args.edgefactor, args.peer_timeout)
     if args.gap_binary:
-        peers += _gap(args.gap_binary, size, scale, args.edgefactor, args.roots, kernels,
-                      float(np.mean(nedge)), args.peer_timeout)  # fmt: skip
+        peers += _gap(
+            args.gap_binary,
+            size,
+            scale,
+            args.edgefactor,
+            args.roots,
+            kernels,
+            float(np.mean(nedge)),
+            args.peer_timeout,
+        )
     return peers
 
 
@@ -217,37 +270,58 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     partitions = [p.strip() for p in args.partitions.split(",") if p.strip()]
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     bad = [p for p in partitions if p not in PARTITIONS] + [
-        k for k in kernels if k not in ("bfs", "sssp")]  # fmt: skip
+        k for k in kernels if k not in ("bfs", "sssp")
+    ]
     if bad or not scales or min(scales) < 1 or max(scales) > 30 or args.roots < 1:
-        raise UsageError(f"bench graph: bad --scales/--partitions/--kernels/--roots "
-                         f"({', '.join(bad) or args.scales}); "
-                         f"partitions: {', '.join(PARTITIONS)}")  # fmt: skip
+        raise UsageError(
+            f"bench graph: bad --scales/--partitions/--kernels/--roots "
+            f"({', '.join(bad) or args.scales}); "
+            f"partitions: {', '.join(PARTITIONS)}"
+        )
     for binary in [f"{args.gap_binary}/{k}" for k in kernels] if args.gap_binary else []:
         if not __import__("os").access(binary, __import__("os").X_OK):
             raise UsageError(f"bench graph: --gap-binary: no executable {binary}")
     say = rank0_printer(comm, "graph", args.peer_binary)
     rank, size = comm.Get_rank(), comm.Get_size()
-    say(f"# hpcpar bench graph: SCALE {scales}, edgefactor {args.edgefactor}, {args.roots} keys, "
+    say(
+        f"# hpcpar bench graph: SCALE {scales}, edgefactor {args.edgefactor}, {args.roots} keys, "
         f"kernels {kernels}, {size} rank(s); peers "
         f"{'no scipy' if args.no_scipy else 'scipy ' + __import__('scipy').__version__}, "
-        f"{args.peer_binary or 'no Graph500 reference (--peer-binary PATH)'}")  # fmt: skip
-    say(f"# {'SCALE':>5s} {'variant':16s} {'kernel':6s} {'hmean TEPS':>11s} {'median':>10s} "
+        f"{args.peer_binary or 'no Graph500 reference (--peer-binary PATH)'}"
+    )
+    say(
+        f"# {'SCALE':>5s} {'variant':16s} {'kernel':6s} {'hmean TEPS':>11s} {'median':>10s} "
         f"{'spread%':>7s} {'vs scipy':>8s} {'vs ref':>7s} {'vs GAP':>6s} {'edges max/mean':>14s} "
-        f"{'volume max/mean':>15s} {'inter MB':>9s}")  # fmt: skip
+        f"{'volume max/mean':>15s} {'inter MB':>9s}"
+    )
     rows: list[Row] = []
     for scale in scales:
         edges = kronecker(scale, args.edgefactor, 1, rank, size)
         docs, keys, nedge = [], None, None
         for partition in partitions:
-            result = run(comm, kinds=tuple(kernels), scale=scale, edgefactor=args.edgefactor,
-                         edges=edges, partition=partition, roots=args.roots,
-                         validate_results=args.validate, layout=args.layout)  # fmt: skip
+            result = run(
+                comm,
+                kinds=tuple(kernels),
+                scale=scale,
+                edgefactor=args.edgefactor,
+                edges=edges,
+                partition=partition,
+                roots=args.roots,
+                validate_results=args.validate,
+                layout=args.layout,
+            )
             keys, nedge = result.roots, result.nedge
             imb = _imbalance(result.imbalance)
             for kernel in kernels:
-                docs.append({"variant": f"hpcpar-{partition}", "kernel": kernel,
-                             "teps": _teps(result.times[kernel], nedge),
-                             "construction_s": result.construction, **imb})  # fmt: skip
+                docs.append(
+                    {
+                        "variant": f"hpcpar-{partition}",
+                        "kernel": kernel,
+                        "teps": _teps(result.times[kernel], nedge),
+                        "construction_s": result.construction,
+                        **imb,
+                    }
+                )
         peak = _peak_memory(comm)  # hpcpar's alone: before scipy's copy of the graph
         whole = None if args.no_scipy else comm.gather(edges, root=0)
         peers = _peers(args, whole, edges, keys, nedge, kernels, size, scale) if rank == 0 else None
@@ -259,9 +333,11 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
             if d["variant"].startswith("hpcpar-"):
                 d["peak_rss_bytes_all_ranks"] = peak
                 d["peak_bytes_per_edge"] = peak / edges_total
-        say(f"# SCALE {scale}: hpcpar's peak memory {peak / 2**30:.2f} GiB over {size} rank(s), "
+        say(
+            f"# SCALE {scale}: hpcpar's peak memory {peak / 2**30:.2f} GiB over {size} rank(s), "
             f"{peak / edges_total:.1f} bytes per input edge (its graph: "
-            f"{_graph_bytes(comm, docs) / edges_total:.1f})")  # fmt: skip
+            f"{_graph_bytes(comm, docs) / edges_total:.1f})"
+        )
         rows += _report(say, scale, size, docs)
     return rows
 

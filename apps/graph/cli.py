@@ -50,18 +50,30 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grid", metavar="RxC", help="2d: process grid (default: squarest)")
     parser.add_argument("--roots", type=integer(1, 1 << 20), default=64, help="search keys (64)")
     parser.add_argument("--root", type=integer(0), help="search from this vertex only")
-    parser.add_argument("--validate", action=argparse.BooleanOptionalAction, default=True,
-                        help="run the validator after every search (default: on)")  # fmt: skip
+    parser.add_argument(
+        "--validate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the validator after every search (default: on)",
+    )
     parser.add_argument(
         "--delta",
         type=real(0, above=True, infinite=True),
         help="SSSP bucket width (1 / mean degree; inf: Bellman-Ford)",
     )
-    parser.add_argument("--direction", choices=("auto", "top-down", "bottom-up"),
-                        default="auto", help="BFS direction (auto: Beamer's switch)")  # fmt: skip
-    parser.add_argument("--relax", choices=("auto", "push", "pull"), default="auto",
-                        help="SSSP heavy edges of a settled bucket (auto: whichever scans "
-                             "fewer edges; pull needs a 1 x P grid)")  # fmt: skip
+    parser.add_argument(
+        "--direction",
+        choices=("auto", "top-down", "bottom-up"),
+        default="auto",
+        help="BFS direction (auto: Beamer's switch)",
+    )
+    parser.add_argument(
+        "--relax",
+        choices=("auto", "push", "pull"),
+        default="auto",
+        help="SSSP heavy edges of a settled bucket (auto: whichever scans "
+        "fewer edges; pull needs a 1 x P grid)",
+    )
     parser.add_argument(
         "--alpha", type=real(0, above=True), default=14.0, help="top-down -> bottom-up"
     )
@@ -85,10 +97,13 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
 
         if not args.out:
             raise GraphError("generate needs --out FILE.h5")
-        edges = kronecker(args.scale, args.edgefactor, args.seed, comm.Get_rank(),
-                          comm.Get_size())  # fmt: skip
-        write_h5(args.out, edges, comm, {"scale": args.scale, "edgefactor": args.edgefactor,
-                                         "seed": args.seed})  # fmt: skip
+        edges = kronecker(args.scale, args.edgefactor, args.seed, comm.Get_rank(), comm.Get_size())
+        write_h5(
+            args.out,
+            edges,
+            comm,
+            {"scale": args.scale, "edgefactor": args.edgefactor, "seed": args.seed},
+        )
         if comm.Get_rank() == 0:
             print(f"wrote {edges.n_edges:,} edges on {edges.n_vertices:,} vertices to {args.out}")
         return 0
@@ -100,17 +115,33 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
         edges = read_edges(args.input, comm, args.vertices)
         scale = None
     kinds = ("bfs", "sssp") if args.action == "all" else (args.action,)
-    result = run(comm, kinds=kinds, scale=scale, edgefactor=args.edgefactor, seed=args.seed,
-                 edges=edges, partition=args.partition, grid=args.grid, roots=args.roots,
-                 root=args.root, validate_results=args.validate, delta=args.delta,
-                 direction=args.direction, alpha=args.alpha, beta=args.beta,
-                 relax=args.relax, layout=args.layout)  # fmt: skip
+    result = run(
+        comm,
+        kinds=kinds,
+        scale=scale,
+        edgefactor=args.edgefactor,
+        seed=args.seed,
+        edges=edges,
+        partition=args.partition,
+        grid=args.grid,
+        roots=args.roots,
+        root=args.root,
+        validate_results=args.validate,
+        delta=args.delta,
+        direction=args.direction,
+        alpha=args.alpha,
+        beta=args.beta,
+        relax=args.relax,
+        layout=args.layout,
+    )
     if comm.Get_rank() == 0:
         print(output_block(result))
         table = result.imbalance
         print(f"# per rank ({args.partition}; bytes exchanged during the searches):")
-        print(f"# {'rank':>4s} {'vertices':>10s} {'entries':>11s} {'bytes intra':>12s} "
-              f"{'bytes inter':>12s}")  # fmt: skip
+        print(
+            f"# {'rank':>4s} {'vertices':>10s} {'entries':>11s} {'bytes intra':>12s} "
+            f"{'bytes inter':>12s}"
+        )
         names = ("vertices", "entries", "bytes_intra", "bytes_inter")
         for r, row in enumerate(zip(*(table[k] for k in names), strict=True)):
             print(f"  {r:4d} {row[0]:10d} {row[1]:11d} {row[2]:12d} {row[3]:12d}")
@@ -138,8 +169,12 @@ def _plot(result: Any, path: str, partition: str) -> None:
     for kind, times in result.times.items():
         teps = [n / t for n, t in zip(result.nedge, times, strict=True)]
         line = ax.plot(range(len(teps)), teps, marker="o", linestyle="", label=kind)[0]
-        ax.axhline(result.harmonic_teps(kind), color=line.get_color(), linestyle=":",
-                   label=f"{kind} harmonic mean")  # fmt: skip
+        ax.axhline(
+            result.harmonic_teps(kind),
+            color=line.get_color(),
+            linestyle=":",
+            label=f"{kind} harmonic mean",
+        )
     ax.set_yscale("log")
     ax.set_xlabel("search key")
     ax.set_ylabel("TEPS")

@@ -24,8 +24,16 @@ from .kronecker import EdgeList, GraphError, kronecker, uniform
 from .search import bfs, sssp
 from .validate import ValidationError, validate
 
-__all__ = ["RunResult", "run", "statistics", "harmonic_teps", "output_block", "search_keys",
-           "check_memory", "BYTES_PER_EDGE"]  # fmt: skip
+__all__ = [
+    "RunResult",
+    "run",
+    "statistics",
+    "harmonic_teps",
+    "output_block",
+    "search_keys",
+    "check_memory",
+    "BYTES_PER_EDGE",
+]
 
 # Peak bytes per input edge while generating, building and validating: the slice (24),
 # the CSR (both directions: 24 and offsets), the narrowed chunks awaiting placement (32)
@@ -83,20 +91,27 @@ def output_block(r: RunResult) -> str:
     def line(label: str, value: Any) -> str:
         return f"{label:<32}{value}"
 
-    out = [line("SCALE:", r.scale if r.scale is not None else "file"),
-           line("edgefactor:", r.edgefactor if r.edgefactor else "file"),
-           line("NBFS:", len(r.roots)),
-           line("graph_generation:", f"{r.generation:g}"),
-           line("num_mpi_processes:", r.ranks),
-           line("partition:", r.partition),
-           line("construction_time:", f"{r.construction:g}")]  # fmt: skip
+    out = [
+        line("SCALE:", r.scale if r.scale is not None else "file"),
+        line("edgefactor:", r.edgefactor if r.edgefactor else "file"),
+        line("NBFS:", len(r.roots)),
+        line("graph_generation:", f"{r.generation:g}"),
+        line("num_mpi_processes:", r.ranks),
+        line("partition:", r.partition),
+        line("construction_time:", f"{r.construction:g}"),
+    ]
     for kind, t in r.times.items():
         out += [line(f"{kind:<4} {key}_time:", f"{v:g}") for key, v in statistics(t).items()]
     out += [line(f"{key}_nedge:", f"{v:.11g}") for key, v in statistics(r.nedge).items()]
     for kind, t in r.times.items():
         s = statistics(np.array(t) / np.array(r.nedge, dtype=np.float64))
-        inv = {"min": s["max"], "firstquartile": s["thirdquartile"], "median": s["median"],
-               "thirdquartile": s["firstquartile"], "max": s["min"]}  # fmt: skip
+        inv = {
+            "min": s["max"],
+            "firstquartile": s["thirdquartile"],
+            "median": s["median"],
+            "thirdquartile": s["firstquartile"],
+            "max": s["min"],
+        }
         out += [line(f"{kind:<4} {key}_TEPS:", f"{1.0 / v:g}") for key, v in inv.items()]
         out.append(line(f"{kind:<4} harmonic_mean_TEPS:     !", f"{1.0 / s['mean']:g}"))
         n = len(t)
@@ -117,9 +132,11 @@ def check_memory(comm: Any, m: int, ranks_here: int) -> None:
     except (OSError, KeyError, ValueError):
         return
     if need > available:
-        raise GraphError(f"{m:,} edges need about {need / 2**30:.1f} GiB on this node "
-                         f"({ranks_here} rank(s) here), but {available / 2**30:.1f} GiB is "
-                         f"available; use a smaller SCALE or more nodes")  # fmt: skip
+        raise GraphError(
+            f"{m:,} edges need about {need / 2**30:.1f} GiB on this node "
+            f"({ranks_here} rank(s) here), but {available / 2**30:.1f} GiB is "
+            f"available; use a smaller SCALE or more nodes"
+        )
 
 
 def search_keys(g: DistGraph, count: int, seed: int) -> list[int]:
@@ -163,14 +180,27 @@ def _timed(job: Any, fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
     return result, job.allreduce(elapsed, op=MPI.MAX)
 
 
-def run(comm: Any, *, kinds: tuple[str, ...] = ("bfs",), scale: int | None = 16,
-        edgefactor: int = 16, seed: int = 1, edges: EdgeList | None = None,
-        partition: str = "1d-vertex", grid: str | None = None, roots: int = 64,
-        root: int | None = None, validate_results: bool | int = True,
-        delta: float | None = None,
-        direction: str = "auto", alpha: float = 14.0, beta: float = 24.0,
-        relax: str = "auto", layout: str | None = None,
-        progress: Any = None) -> RunResult:  # fmt: skip
+def run(
+    comm: Any,
+    *,
+    kinds: tuple[str, ...] = ("bfs",),
+    scale: int | None = 16,
+    edgefactor: int = 16,
+    seed: int = 1,
+    edges: EdgeList | None = None,
+    partition: str = "1d-vertex",
+    grid: str | None = None,
+    roots: int = 64,
+    root: int | None = None,
+    validate_results: bool | int = True,
+    delta: float | None = None,
+    direction: str = "auto",
+    alpha: float = 14.0,
+    beta: float = 24.0,
+    relax: str = "auto",
+    layout: str | None = None,
+    progress: Any = None,
+) -> RunResult:
     """Run the benchmark (collective); ``edges`` (this rank's slice) replaces generation.
 
     ``validate_results``: True validates every search, an integer k the first k keys'.
@@ -182,17 +212,29 @@ def run(comm: Any, *, kinds: tuple[str, ...] = ("bfs",), scale: int | None = 16,
     edges, generation = _edges(comm, edges, scale, edgefactor, seed)
     if "sssp" in kinds:
         agree(comm, _check_weights, edges)
-    g, construction = _timed(comm, DistGraph.build, edges, comm=comm, partition=partition,
-                             grid=grid, layout=layout)  # fmt: skip
+    g, construction = _timed(
+        comm, DistGraph.build, edges, comm=comm, partition=partition, grid=grid, layout=layout
+    )
     # No try/finally around the searches: freeing communicators is collective, and after
     # an error on some ranks the others may never get there (the CLI aborts the job).
     if delta is None:  # Meyer and Sanders: Theta(1 / average degree)
         delta = 1.0 / max(1.0, 2.0 * g.m / g.n)
     keys = [root] if root is not None else search_keys(g, roots, seed)
-    result = RunResult(scale, edgefactor if scale is not None else None, g.n, g.m, size,
-                       partition, generation, construction, keys)  # fmt: skip
-    searches = {"bfs": lambda key: bfs(g, key, direction=direction, alpha=alpha, beta=beta),
-                "sssp": lambda key: sssp(g, key, delta=delta, direction=relax)}  # fmt: skip
+    result = RunResult(
+        scale,
+        edgefactor if scale is not None else None,
+        g.n,
+        g.m,
+        size,
+        partition,
+        generation,
+        construction,
+        keys,
+    )
+    searches = {
+        "bfs": lambda key: bfs(g, key, direction=direction, alpha=alpha, beta=beta),
+        "sssp": lambda key: sssp(g, key, delta=delta, direction=relax),
+    }
     for kind in kinds:  # compile and warm up
         searches[kind](keys[0])
     g.reset_volume()
@@ -218,15 +260,17 @@ def run(comm: Any, *, kinds: tuple[str, ...] = ("bfs",), scale: int | None = 16,
     return result
 
 
-def _edges(comm: Any, edges: EdgeList | None, scale: int | None, edgefactor: int,
-           seed: int) -> tuple[EdgeList, float]:  # fmt: skip
+def _edges(
+    comm: Any, edges: EdgeList | None, scale: int | None, edgefactor: int, seed: int
+) -> tuple[EdgeList, float]:
     ranks_here = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
     if edges is not None:
         check_memory(comm, comm.allreduce(edges.src.size), ranks_here)
         return edges, 0.0
     if scale is None or not 1 <= scale <= 40 or edgefactor < 1:
-        raise GraphError(f"need 1 <= SCALE <= 40 and edgefactor >= 1, not SCALE {scale}, "
-                         f"edgefactor {edgefactor}")  # fmt: skip
+        raise GraphError(
+            f"need 1 <= SCALE <= 40 and edgefactor >= 1, not SCALE {scale}, edgefactor {edgefactor}"
+        )
     check_memory(comm, edgefactor << scale, ranks_here)
     return _timed(comm, kronecker, scale, edgefactor, seed, comm.Get_rank(), comm.Get_size())
 
@@ -235,12 +279,16 @@ def _raise_unless_valid(kind: str, key: int, check: Any, nedge: int) -> None:
     if not check.ok:
         raise ValidationError(f"{kind} from root {key} failed validation: {check.examples[0]}")
     if check.traversed_edges != nedge:
-        raise ValidationError(f"{kind} from root {key}: {nedge} edges counted, the "
-                              f"validator found {check.traversed_edges}")  # fmt: skip
+        raise ValidationError(
+            f"{kind} from root {key}: {nedge} edges counted, the "
+            f"validator found {check.traversed_edges}"
+        )
 
 
 def _check_weights(edges: EdgeList) -> None:
     bad = np.flatnonzero(edges.weight < 0)
     if bad.size:
-        raise GraphError(f"edge {edges.first + int(bad[0])} has negative weight "
-                         f"{edges.weight[bad[0]]:g}; SSSP needs weights >= 0")  # fmt: skip
+        raise GraphError(
+            f"edge {edges.first + int(bad[0])} has negative weight "
+            f"{edges.weight[bad[0]]:g}; SSSP needs weights >= 0"
+        )

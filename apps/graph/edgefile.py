@@ -61,14 +61,17 @@ def _check_range(path: Path, edges: EdgeList) -> None:
     for x in (edges.src, edges.dst):
         bad = np.flatnonzero((x < 0) | (x >= n))
         if bad.size:
-            raise GraphError(f"{path}: edge {edges.first + int(bad[0])} has vertex "
-                             f"{int(x[bad[0]])}, outside [0, {n})")  # fmt: skip
+            raise GraphError(
+                f"{path}: edge {edges.first + int(bad[0])} has vertex "
+                f"{int(x[bad[0]])}, outside [0, {n})"
+            )
 
 
 def _columns(path: Path, data: np.ndarray, where: str) -> tuple[np.ndarray, ...]:
     if data.ndim != 2 or data.shape[1] not in (2, 3):
-        raise GraphError(f"{path}: expected an (m, 2) or (m, 3) array of edges, "
-                         f"not shape {data.shape}")  # fmt: skip
+        raise GraphError(
+            f"{path}: expected an (m, 2) or (m, 3) array of edges, not shape {data.shape}"
+        )
     if data.dtype.kind not in "iuf":
         raise GraphError(f"{path}: edges must be numbers, not dtype {data.dtype}")
     ends = np.asarray(data[:, :2])
@@ -77,8 +80,7 @@ def _columns(path: Path, data: np.ndarray, where: str) -> tuple[np.ndarray, ...]
         if bad.size:
             raise GraphError(f"{path}: {where} {int(bad[0])}: vertex ids must be integers")
     src, dst = ends[:, 0].astype(np.int64), ends[:, 1].astype(np.int64)
-    weight = (np.asarray(data[:, 2], dtype=np.float64) if data.shape[1] == 3
-              else np.ones(src.size))  # fmt: skip
+    weight = np.asarray(data[:, 2], dtype=np.float64) if data.shape[1] == 3 else np.ones(src.size)
     bad = np.flatnonzero(~np.isfinite(weight))
     if bad.size:
         raise GraphError(f"{path}: {where} {int(bad[0])}: weight {weight[bad[0]]} is not finite")
@@ -91,8 +93,9 @@ def _read_npy(path: Path, rank: int, size: int) -> tuple:
     except (ValueError, OSError) as exc:
         raise GraphError(f"{path}: not a readable .npy array ({exc})") from None
     if data.ndim != 2:
-        raise GraphError(f"{path}: expected an (m, 2) or (m, 3) array of edges, "
-                         f"not shape {data.shape}")  # fmt: skip
+        raise GraphError(
+            f"{path}: expected an (m, 2) or (m, 3) array of edges, not shape {data.shape}"
+        )
     m = data.shape[0]
     lo, hi = m * rank // size, m * (rank + 1) // size
     src, dst, weight = _columns(path, data[lo:hi], "row")
@@ -117,8 +120,9 @@ def _read_h5(path: Path, rank: int, size: int) -> tuple:
             stored = f.attrs.get("n_vertices")
     except OSError as exc:
         raise GraphError(f"{path}: not a readable HDF5 file ({exc})") from None
-    src, dst, weight = _columns(path, np.stack(cols, axis=1) if cols[0].size else
-                                np.empty((0, len(cols))), "edge")  # fmt: skip
+    src, dst, weight = _columns(
+        path, np.stack(cols, axis=1) if cols[0].size else np.empty((0, len(cols))), "edge"
+    )
     return src, dst, weight, None if stored is None else int(stored)
 
 
@@ -143,22 +147,30 @@ def _read_text(path: Path, rank: int, size: int) -> tuple:
             continue
         if len(tokens) not in (2, 3) or (width is not None and len(tokens) != width):
             want = "2 or 3" if width is None else str(width)
-            raise GraphError(f"{path}:{_line_number(path, start, k)}: expected {want} "
-                             f"columns (u v [w]), found {len(tokens)}")  # fmt: skip
+            raise GraphError(
+                f"{path}:{_line_number(path, start, k)}: expected {want} "
+                f"columns (u v [w]), found {len(tokens)}"
+            )
         width = len(tokens)
         try:
             u, v = int(tokens[0]), int(tokens[1])
             w = float(tokens[2]) if width == 3 else 1.0
         except ValueError:
-            raise GraphError(f"{path}:{_line_number(path, start, k)}: bad token in "
-                             f"{line.decode(errors='replace').strip()!r}") from None  # fmt: skip
+            raise GraphError(
+                f"{path}:{_line_number(path, start, k)}: bad token in "
+                f"{line.decode(errors='replace').strip()!r}"
+            ) from None
         if not np.isfinite(w):
             raise GraphError(f"{path}:{_line_number(path, start, k)}: weight {w} is not finite")
         src.append(u)
         dst.append(v)
         weight.append(w)
-    return (np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64),
-            np.array(weight, dtype=np.float64), None)  # fmt: skip
+    return (
+        np.array(src, dtype=np.int64),
+        np.array(dst, dtype=np.int64),
+        np.array(weight, dtype=np.float64),
+        None,
+    )
 
 
 def _line_number(path: Path, start: int, k: int) -> int:
@@ -175,8 +187,9 @@ def write_h5(path: str | os.PathLike, edges: EdgeList, comm: Any, attrs: dict[st
         tmp = Path(str(path) + ".tmp")
         with h5py.File(tmp, "w") as f:
             for k, name in enumerate(("src", "dst", "weight")):
-                f.create_dataset(name, data=np.concatenate([p[k] for p in parts]),
-                                 chunks=True, fletcher32=True)  # fmt: skip
+                f.create_dataset(
+                    name, data=np.concatenate([p[k] for p in parts]), chunks=True, fletcher32=True
+                )
             f.attrs["n_vertices"] = edges.n_vertices
             for key, value in attrs.items():
                 f.attrs[key] = value

@@ -60,8 +60,15 @@ class DistGraph:
         raise TypeError("use DistGraph.build(...)")
 
     @classmethod
-    def build(cls, edges: EdgeList, *, comm: Any = None, partition: str = "1d-vertex",
-              grid: str | None = None, layout: str | None = None) -> DistGraph:  # fmt: skip
+    def build(
+        cls,
+        edges: EdgeList,
+        *,
+        comm: Any = None,
+        partition: str = "1d-vertex",
+        grid: str | None = None,
+        layout: str | None = None,
+    ) -> DistGraph:
         """Partition and distribute ``edges`` (this rank's slice); collective.
 
         ``comm`` may be a ``Hierarchy`` (its layout is used); otherwise ``layout`` or
@@ -211,14 +218,17 @@ class DistGraph:
     def row_sizes(self) -> list[int]:
         """Vertices owned by each member of this rank's grid row, in row order."""
         g = self.grid
-        return [int(g.bounds[g.i * g.cols + jj + 1] - g.bounds[g.i * g.cols + jj])
-                for jj in range(g.cols)]  # fmt: skip
+        return [
+            int(g.bounds[g.i * g.cols + jj + 1] - g.bounds[g.i * g.cols + jj])
+            for jj in range(g.cols)
+        ]
 
     def col_sizes(self) -> list[int]:
         """Vertices owned by each member of this rank's grid column, in column order."""
         g = self.grid
-        return [int(g.bounds[r * g.cols + g.j + 1] - g.bounds[r * g.cols + g.j])
-                for r in range(g.rows)]  # fmt: skip
+        return [
+            int(g.bounds[r * g.cols + g.j + 1] - g.bounds[r * g.cols + g.j]) for r in range(g.rows)
+        ]
 
     def owner_rank(self, v: np.ndarray) -> np.ndarray:
         """Rank (of ``comm``) owning each global vertex of ``v``."""
@@ -242,8 +252,10 @@ class DistGraph:
         back = back.reshape(-1, width)
         out = np.empty_like(back)
         out[order] = back
-        return [out[:, k].view(a.dtype) if a.dtype == np.float64 else out[:, k]
-                for k, a in enumerate(values)]  # fmt: skip
+        return [
+            out[:, k].view(a.dtype) if a.dtype == np.float64 else out[:, k]
+            for k, a in enumerate(values)
+        ]
 
     def send_to_owner(self, query: np.ndarray) -> np.ndarray:
         """Global vertex ids sent to their owners; the owned ones received, as local indices."""
@@ -253,8 +265,13 @@ class DistGraph:
     def load_imbalance(self) -> dict[str, Any]:
         """Per-rank vertices, stored adjacency entries, exchange volume and graph bytes."""
         held = sum(a.nbytes for a in (self.indptr, self.adj, self.weight, self.degree))
-        mine = [self.own, int(self.adj.size), self.row_x.intra + self.col_x.intra,
-                self.row_x.inter + self.col_x.inter, held]  # fmt: skip
+        mine = [
+            self.own,
+            int(self.adj.size),
+            self.row_x.intra + self.col_x.intra,
+            self.row_x.inter + self.col_x.inter,
+            held,
+        ]
         table = np.array(self.comm.allgather(mine), dtype=np.int64)
         names = ("vertices", "entries", "bytes_intra", "bytes_inter", "graph_bytes")
         return {name: table[:, k].tolist() for k, name in enumerate(names)}

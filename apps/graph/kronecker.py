@@ -86,16 +86,19 @@ def feistel_permute(index: np.ndarray, n: int, seed: int, stream: int) -> np.nda
     return x.astype(np.int64)
 
 
-def kronecker(scale: int, edgefactor: int = 16, seed: int = 1, part: int = 0,
-              parts: int = 1) -> EdgeList:  # fmt: skip
+def kronecker(
+    scale: int, edgefactor: int = 16, seed: int = 1, part: int = 0, parts: int = 1
+) -> EdgeList:
     """Part ``part`` of ``parts`` of the Graph500 Kronecker edge list (see module doc).
 
     Raises:
         GraphError: scale outside 1..40, edgefactor < 1, or a part that does not exist.
     """
     if not 1 <= scale <= 40 or edgefactor < 1:
-        raise GraphError(f"Kronecker graphs need 1 <= SCALE <= 40 and edgefactor >= 1, "
-                         f"not SCALE {scale}, edgefactor {edgefactor}")  # fmt: skip
+        raise GraphError(
+            f"Kronecker graphs need 1 <= SCALE <= 40 and edgefactor >= 1, "
+            f"not SCALE {scale}, edgefactor {edgefactor}"
+        )
     if not 0 <= part < parts:
         raise GraphError(f"part {part} of {parts} does not exist")
     n, m = 1 << scale, edgefactor << scale

@@ -190,8 +190,9 @@ class Exchange:
             return self._through_leaders(np.repeat(np.arange(self.size), counts), rows)
         return self._send(self.h, rows, counts, self.node_of)
 
-    def count(self, nbytes: np.ndarray, h: Hierarchy | None = None,
-              node_of: np.ndarray | None = None) -> None:  # fmt: skip
+    def count(
+        self, nbytes: np.ndarray, h: Hierarchy | None = None, node_of: np.ndarray | None = None
+    ) -> None:
         """Count ``nbytes[m]`` bytes sent to member m of ``h`` (by default this exchange's).
 
         Exchanges count themselves; callers count the allgathers they make beside them.
@@ -203,15 +204,17 @@ class Exchange:
         self.inter += int(nbytes[~same].sum())
         self.messages_inter += int(np.count_nonzero(nbytes[~same]))
 
-    def _flat(self, h: Hierarchy, dest: np.ndarray, rows: np.ndarray,
-              node_of: np.ndarray) -> np.ndarray:  # fmt: skip
+    def _flat(
+        self, h: Hierarchy, dest: np.ndarray, rows: np.ndarray, node_of: np.ndarray
+    ) -> np.ndarray:
         if h.size == 1:  # to this rank alone: nothing to sort or send
             return rows
         counts = np.bincount(dest, minlength=h.size)
         return self._send(h, rows[np.argsort(dest, kind="stable")], counts, node_of)
 
-    def _send(self, h: Hierarchy, rows: np.ndarray, counts: np.ndarray,
-              node_of: np.ndarray) -> np.ndarray:  # fmt: skip
+    def _send(
+        self, h: Hierarchy, rows: np.ndarray, counts: np.ndarray, node_of: np.ndarray
+    ) -> np.ndarray:
         width = rows.shape[1]
         if h.size == 1:
             return rows
@@ -219,8 +222,14 @@ class Exchange:
         got, _ = alltoallv(rows.reshape(-1), (counts * width).tolist(), comm=h)
         return got.reshape(-1, width)
 
-    def _labelled(self, h: Hierarchy, dest: np.ndarray, label: np.ndarray, rows: np.ndarray,
-                  node_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    def _labelled(
+        self,
+        h: Hierarchy,
+        dest: np.ndarray,
+        label: np.ndarray,
+        rows: np.ndarray,
+        node_of: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Send rows with a final-destination label each, as one message per member.
 
         Each message starts with the count of rows per label (P counts, padded to whole
@@ -258,12 +267,12 @@ class Exchange:
             keep = label == self.rank
             onward, onward_label = got[~keep], label[~keep]
             nodes = np.arange(self.lead_h.size)
-            moved, moved_label = self._labelled(self.lead_h, self.node_of[onward_label],
-                                                onward_label, onward, nodes)  # fmt: skip
+            moved, moved_label = self._labelled(
+                self.lead_h, self.node_of[onward_label], onward_label, onward, nodes
+            )
             got, label = got[keep], label[keep]
         else:  # rows from this node's members, for this rank
             moved = np.empty((0, rows.shape[1]), dtype=np.int64)
             moved_label = np.empty(0, dtype=np.int64)
-        out, _ = self._labelled(node_h, self.local_index[moved_label], moved_label, moved,
-                                one_node)  # fmt: skip
+        out, _ = self._labelled(node_h, self.local_index[moved_label], moved_label, moved, one_node)
         return np.concatenate([got, out])

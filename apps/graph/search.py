@@ -38,7 +38,7 @@ from .kernels import (
     bu_step,
     claim,
     claim_packed,
-    frontier_bits,  # fmt: skip
+    frontier_bits,
     improve,
     join_bits,
     relax,
@@ -81,12 +81,23 @@ def _check_root(g: DistGraph, root: int) -> None:
     lo = g.grid.lo
     degree = int(g.degree[root - lo]) if lo <= root < g.grid.hi else 0
     if g.comm.allreduce(degree) == 0:
-        raise GraphError(f"root {root} has degree 0 (the specification searches from "
-                         f"vertices with at least one edge that is not a self-loop)")  # fmt: skip
+        raise GraphError(
+            f"root {root} has degree 0 (the specification searches from "
+            f"vertices with at least one edge that is not a self-loop)"
+        )
 
 
-def _switch(direction: str, top_down: bool, n_f: int, m_f: int, m_u: int, previous: int,
-            n: int, alpha: float, beta: float) -> bool:  # fmt: skip
+def _switch(
+    direction: str,
+    top_down: bool,
+    n_f: int,
+    m_f: int,
+    m_u: int,
+    previous: int,
+    n: int,
+    alpha: float,
+    beta: float,
+) -> bool:
     """Beamer's switch: whether the next level goes top-down (``direction`` "auto")."""
     if direction == "auto":
         if top_down and m_f > m_u / alpha:
@@ -96,8 +107,9 @@ def _switch(direction: str, top_down: bool, n_f: int, m_f: int, m_u: int, previo
     return top_down
 
 
-def bfs(g: DistGraph, root: int, *, direction: str = "auto", alpha: float = 14.0,
-        beta: float = 24.0) -> SearchResult:  # fmt: skip
+def bfs(
+    g: DistGraph, root: int, *, direction: str = "auto", alpha: float = 14.0, beta: float = 24.0
+) -> SearchResult:
     """Breadth-first search from ``root`` (collective); ``direction``: auto, top-down, bottom-up."""
     if direction not in ("auto", "top-down", "bottom-up"):
         raise GraphError(f"direction must be auto, top-down or bottom-up, not {direction!r}")
@@ -143,8 +155,7 @@ def bfs(g: DistGraph, root: int, *, direction: str = "auto", alpha: float = 14.0
     return SearchResult(root, parent, levels=levels)
 
 
-def _bfs_row(g: DistGraph, root: int, direction: str, alpha: float,
-             beta: float) -> SearchResult:  # fmt: skip
+def _bfs_row(g: DistGraph, root: int, direction: str, alpha: float, beta: float) -> SearchResult:
     """``bfs`` on a 1 x P grid, where a rank holds its own vertices' whole adjacency.
 
     A level is one compiled kernel, one exchange and one small allreduce. Top-down sends
@@ -175,8 +186,7 @@ def _bfs_row(g: DistGraph, root: int, direction: str, alpha: float,
         top_down = _switch(direction, top_down, n_f, m_f, m_u, previous, g.n, alpha, beta)
         levels.append("td" if top_down else "bu")
         if top_down:
-            cand, counts = td_route(g.indptr, g.adj, frontier, lo, parent, seen, bounds,
-                                    grid.slot)  # fmt: skip
+            cand, counts = td_route(g.indptr, g.adj, frontier, lo, parent, seen, bounds, grid.slot)
             got = g.row_x.grouped(cand, counts)
             frontier, edges = claim_packed(parent, got[:, 0], lo, g.degree)
         else:
@@ -194,8 +204,7 @@ def _bfs_row(g: DistGraph, root: int, direction: str, alpha: float,
             if todo is None:
                 todo = g.linked().copy()
                 left = todo.size
-            frontier, edges, left = bu_step(g.indptr, g.adj, parent, todo, left, front,
-                                            g.degree)  # fmt: skip
+            frontier, edges, left = bu_step(g.indptr, g.adj, parent, todo, left, front, g.degree)
         totals[:] = (frontier.size, -edges, edges)
         g.comm.Allreduce(MPI.IN_PLACE, totals)
         previous = n_f
@@ -203,8 +212,7 @@ def _bfs_row(g: DistGraph, root: int, direction: str, alpha: float,
     return SearchResult(root, parent, levels=levels)
 
 
-def sssp(g: DistGraph, root: int, *, delta: float = 0.1,
-         direction: str = "auto") -> SearchResult:  # fmt: skip
+def sssp(g: DistGraph, root: int, *, delta: float = 0.1, direction: str = "auto") -> SearchResult:
     """Single-source shortest paths from ``root`` by delta-stepping (collective).
 
     ``delta=inf`` is Bellman-Ford: one bucket, every edge light, rounds of relaxation
@@ -245,8 +253,7 @@ def sssp(g: DistGraph, root: int, *, delta: float = 0.1,
         rounds += 1
         glob = g.gather_col(active + lo)
         d = g.gather_col(dist[active])
-        v, nd, p = relax(g.indptr, g.adj, g.weight, grid.to_col(glob), d, glob, light,
-                         delta, best)  # fmt: skip
+        v, nd, p = relax(g.indptr, g.adj, g.weight, grid.to_col(glob), d, glob, light, delta, best)
         v += grid.row_lo
         rows = np.stack([v, nd.view(np.int64), p], axis=1)
         got = g.row_x(grid.owner_slot(v) - grid.i * grid.cols, rows)
@@ -343,8 +350,19 @@ class _Buckets:
         Returns the pull estimate of the waiting vertices' rows (``sssp_take``).
         """
         self.top = bucket + 1.0
-        return sssp_take(self.pend, self.size, self.state, self.dist, self.delta, bucket,
-                         self.nxt, self.mark, self.low, self.g.degree, self.cdf)  # fmt: skip
+        return sssp_take(
+            self.pend,
+            self.size,
+            self.state,
+            self.dist,
+            self.delta,
+            bucket,
+            self.nxt,
+            self.mark,
+            self.low,
+            self.g.degree,
+            self.cdf,
+        )
 
     def light_rounds(self, pull_edges: float) -> np.ndarray:
         """Settle ``nxt`` and push its light edges until no rank reopens a vertex.
@@ -355,9 +373,19 @@ class _Buckets:
         self.size[2] = self.size[3] = 0
         size, g = self.size, self.g
         while True:
-            count = sssp_settle(self.nxt, int(size[1]), self.state, self.mark, self.stamp,
-                                self.epoch, self.members, size, g.indptr, self.ends,
-                                self.active)  # fmt: skip
+            count = sssp_settle(
+                self.nxt,
+                int(size[1]),
+                self.state,
+                self.mark,
+                self.stamp,
+                self.epoch,
+                self.members,
+                size,
+                g.indptr,
+                self.ends,
+                self.active,
+            )
             size[1] = 0
             self.push(self.active, count, light=True)
             self.mine[:] = size[1], size[3], int(pull_edges) + size[5], size[2]
@@ -369,13 +397,44 @@ class _Buckets:
         """Relax the light or heavy edges of ``todo[:count]``; exchange the others'."""
         g, lo, top, delta = self.g, self.lo, self.top, self.delta
         self.rounds += 1
-        rows, counts = sssp_relax(g.indptr, g.adj, g.weight, self.ends, todo, count, light,
-                                  self.best, self.parent, self.state, self.pend, self.nxt,
-                                  self.mark, self.size, self.low, top, delta, lo, self.bounds,
-                                  g.degree)  # fmt: skip
+        rows, counts = sssp_relax(
+            g.indptr,
+            g.adj,
+            g.weight,
+            self.ends,
+            todo,
+            count,
+            light,
+            self.best,
+            self.parent,
+            self.state,
+            self.pend,
+            self.nxt,
+            self.mark,
+            self.size,
+            self.low,
+            top,
+            delta,
+            lo,
+            self.bounds,
+            g.degree,
+        )
         got = g.row_x.grouped(rows, counts)
-        sssp_apply(got, lo, self.dist, self.parent, self.state, self.pend, self.nxt,
-                   self.mark, self.size, self.low, top, delta, g.degree)  # fmt: skip
+        sssp_apply(
+            got,
+            lo,
+            self.dist,
+            self.parent,
+            self.state,
+            self.pend,
+            self.nxt,
+            self.mark,
+            self.size,
+            self.low,
+            top,
+            delta,
+            g.degree,
+        )
 
     def pull(self, counts: np.ndarray) -> None:
         """Every waiting or unreached vertex pulls through the members (``counts`` a rank)."""
@@ -390,7 +449,24 @@ class _Buckets:
             got = allgather(rows.reshape(-1), counts=(2 * counts).tolist(), comm=g.row_h)
         got = got.reshape(-1, 2)
         floor = sssp_mark(got, lo, g.own, self.best, self.member)  # least member distance
-        sssp_pull(g.indptr, g.adj, g.weight, self.pend, self.size, self.unreached, self.state,
-                  self.best, self.member, self.parent, self.nxt, self.mark, self.low,
-                  self.top, floor, self.delta, lo, g.degree)  # fmt: skip
+        sssp_pull(
+            g.indptr,
+            g.adj,
+            g.weight,
+            self.pend,
+            self.size,
+            self.unreached,
+            self.state,
+            self.best,
+            self.member,
+            self.parent,
+            self.nxt,
+            self.mark,
+            self.low,
+            self.top,
+            floor,
+            self.delta,
+            lo,
+            g.degree,
+        )
         sssp_unmark(got, self.member)

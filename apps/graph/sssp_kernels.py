@@ -69,8 +69,28 @@ def _book(xs, n, dist, state, pend, nxt, mark, size, low, top, delta, degree):
 
 
 @njit(cache=True)
-def sssp_relax(indptr, adj, weight, ends, active, count, light, best, parent, state, pend,
-               nxt, mark, size, low, top, delta, lo, bounds, degree):  # fmt: skip
+def sssp_relax(
+    indptr,
+    adj,
+    weight,
+    ends,
+    active,
+    count,
+    light,
+    best,
+    parent,
+    state,
+    pend,
+    nxt,
+    mark,
+    size,
+    low,
+    top,
+    delta,
+    lo,
+    bounds,
+    degree,
+):
     """Relax the light (or heavy) edges of ``active[:count]`` (owned, local).
 
     ``best`` spans all vertices: over the owned range it is the distance array itself,
@@ -124,8 +144,7 @@ def sssp_relax(indptr, adj, weight, ends, active, count, light, best, parent, st
 
 
 @njit(cache=True)
-def sssp_apply(rows, lo, dist, parent, state, pend, nxt, mark, size, low, top, delta,
-               degree):  # fmt: skip
+def sssp_apply(rows, lo, dist, parent, state, pend, nxt, mark, size, low, top, delta, degree):
     """Rows from ``sssp_relax`` of other ranks applied to owned vertices, then booked."""
     bits = rows.view(np.float64)
     half = np.int64(0xFFFFFFFF)
@@ -235,8 +254,26 @@ def sssp_unmark(got, member):
 
 
 @njit(cache=True)
-def sssp_pull(indptr, adj, weight, pend, size, unreached, state, best, member, parent,
-              nxt, mark, low, top, floor, delta, lo, degree):  # fmt: skip
+def sssp_pull(
+    indptr,
+    adj,
+    weight,
+    pend,
+    size,
+    unreached,
+    state,
+    best,
+    member,
+    parent,
+    nxt,
+    mark,
+    low,
+    top,
+    floor,
+    delta,
+    lo,
+    degree,
+):
     """Every waiting or unreached owned vertex takes its best path through the members.
 
     Members are the bits of ``member``, their distances in ``best``. A member improves v
@@ -278,5 +315,6 @@ def sssp_pull(indptr, adj, weight, pend, size, unreached, state, best, member, p
             mine[m] = x
             m += 1
     size[4] = kept
-    _book(mine, m, best[ulo : ulo + state.size], state, pend, nxt, mark, size, low, top, delta,
-          degree)  # fmt: skip
+    _book(
+        mine, m, best[ulo : ulo + state.size], state, pend, nxt, mark, size, low, top, delta, degree
+    )

@@ -76,8 +76,14 @@ def _levels(g: DistGraph, parent: np.ndarray, root: int) -> tuple[np.ndarray, in
             return level, int(pending.size)
 
 
-def _triangle(la: np.ndarray, lb: np.ndarray, dist: tuple[np.ndarray, np.ndarray] | None,
-              w: np.ndarray, both: np.ndarray, rtol: float) -> tuple[np.ndarray, ...]:  # fmt: skip
+def _triangle(
+    la: np.ndarray,
+    lb: np.ndarray,
+    dist: tuple[np.ndarray, np.ndarray] | None,
+    w: np.ndarray,
+    both: np.ndarray,
+    rtol: float,
+) -> tuple[np.ndarray, ...]:
     """Per edge: the triangle rule broken, and whether b (a) may hang below a (b)."""
     if dist is None:
         return both & (np.abs(la - lb) > 1), lb == la + 1, la == lb + 1
@@ -88,8 +94,16 @@ def _triangle(la: np.ndarray, lb: np.ndarray, dist: tuple[np.ndarray, np.ndarray
         return violates, np.abs(db - (da + w)) <= tol, np.abs(da - (db + w)) <= tol
 
 
-def _check_edges(g: DistGraph, values: list[np.ndarray], a: np.ndarray, b: np.ndarray,
-                 w: np.ndarray, rtol: float, flag: Any, confirmed: np.ndarray) -> int:  # fmt: skip
+def _check_edges(
+    g: DistGraph,
+    values: list[np.ndarray],
+    a: np.ndarray,
+    b: np.ndarray,
+    w: np.ndarray,
+    rtol: float,
+    flag: Any,
+    confirmed: np.ndarray,
+) -> int:
     """Rules 3 and 4 on the edges (a, b, w); marks the vertices they confirm (rule 5).
 
     Collective. Returns the count of those edges with an end reached.
@@ -112,8 +126,15 @@ def _check_edges(g: DistGraph, values: list[np.ndarray], a: np.ndarray, b: np.nd
     return int(np.count_nonzero(reached_a | reached_b))
 
 
-def validate(g: DistGraph, edges: EdgeList, root: int, parent: np.ndarray,
-             dist: np.ndarray | None = None, *, rtol: float = 1e-9) -> Validation:  # fmt: skip
+def validate(
+    g: DistGraph,
+    edges: EdgeList,
+    root: int,
+    parent: np.ndarray,
+    dist: np.ndarray | None = None,
+    *,
+    rtol: float = 1e-9,
+) -> Validation:
     """Check a BFS (``dist=None``) or SSSP result (collective); never raises on a bad result."""
     lo, n = g.grid.lo, g.n
     counts = dict.fromkeys(_RULES, 0)
@@ -149,5 +170,6 @@ def validate(g: DistGraph, edges: EdgeList, root: int, parent: np.ndarray,
     totals = np.array([counts[r] for r in _RULES] + [traversed], dtype=np.int64)
     g.comm.Allreduce(MPI.IN_PLACE, totals)
     all_examples = [e for part in g.comm.allgather(examples) for e in part]
-    return Validation(int(totals[-1]), dict(zip(_RULES, totals[:-1].tolist(), strict=True)),
-                      all_examples[:5])  # fmt: skip
+    return Validation(
+        int(totals[-1]), dict(zip(_RULES, totals[:-1].tolist(), strict=True)), all_examples[:5]
+    )

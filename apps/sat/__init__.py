@@ -13,6 +13,12 @@ from .cnf import CNF, SatError, check_model, random_ksat, read_dimacs, write_dim
 from .solver import ALGORITHMS, LocalSearch
 
 __all__ = [
-    "ALGORITHMS", "CNF", "LocalSearch", "SatError", "check_model", "random_ksat",
-    "read_dimacs", "write_dimacs",
-]  # fmt: skip
+    "ALGORITHMS",
+    "CNF",
+    "LocalSearch",
+    "SatError",
+    "check_model",
+    "random_ksat",
+    "read_dimacs",
+    "write_dimacs",
+]

@@ -90,28 +90,31 @@ def _peer(binary: str, path: Path, seed: int, flips: int = 0) -> dict[str, float
     if flips:
         args += ["--maxflips", str(flips), "--runs", "1"]
     t0 = time.perf_counter()
-    out = subprocess.run([*args, str(path), str(seed)], capture_output=True, text=True,
-                         timeout=600, check=False).stdout  # fmt: skip
+    out = subprocess.run(
+        [*args, str(path), str(seed)], capture_output=True, text=True, timeout=600, check=False
+    ).stdout
     wall = time.perf_counter() - t0
     flips_done = float(re.search(r"numFlips\s*:\s*(\d+)", out).group(1))
     cpu = float(re.search(r"CPU Time\s*:\s*([\d.]+)", out).group(1))
-    return {"flips": flips_done, "seconds": cpu, "wall": wall,
-            "solved": "s SATISFIABLE" in out}  # fmt: skip
+    return {"flips": flips_done, "seconds": cpu, "wall": wall, "solved": "s SATISFIABLE" in out}
 
 
 def _yalsat(binary: str, path: Path, seed: int, flips: int = 0) -> dict[str, float]:
     """One yalsat run; its search time from its flip count and reported flip rate."""
     args = [binary, "-v", "-n", str(path), str(seed), *([str(flips)] if flips else [])]
     t0 = time.perf_counter()
-    out = subprocess.run(args, capture_output=True, text=True, timeout=600,
-                         check=False).stdout  # fmt: skip
+    out = subprocess.run(args, capture_output=True, text=True, timeout=600, check=False).stdout
     wall = time.perf_counter() - t0
     found = re.search(r"c (\d+) flips, ([\d.]+) thousand flips per second", out)
     if found is None:
         raise RuntimeError(f"{binary} printed no flip statistics (is it yalsat?)")
     done, rate = float(found.group(1)), float(found.group(2)) * 1e3
-    return {"flips": done, "seconds": done / rate if rate > 0 else 0.0, "wall": wall,
-            "solved": "s SATISFIABLE" in out}  # fmt: skip
+    return {
+        "flips": done,
+        "seconds": done / rate if rate > 0 else 0.0,
+        "wall": wall,
+        "solved": "s SATISFIABLE" in out,
+    }
 
 
 def _ours(cnf: Any, seed: int, flips: int) -> dict[str, float]:
@@ -127,8 +130,12 @@ def _ours(cnf: Any, seed: int, flips: int) -> dict[str, float]:
 
 
 def _stats(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "spread_pct": quartile_spread(values)}  # fmt: skip
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "spread_pct": quartile_spread(values),
+    }
 
 
 def _sequential(
@@ -145,10 +152,18 @@ def _sequential(
         path = folder / f"uf{n}-{inst}.cnf"
         write_dimacs(cnf, path)
         _ours(hard, 0, 1000)  # compile outside the timing
-        peers = {name: run for name, run, binary in (
-            ("probsat-c", lambda p, s, f=0: _peer(args.peer_binary, p, s, f), args.peer_binary),
-            ("yalsat", lambda p, s, f=0: _yalsat(args.yalsat_binary, p, s, f), args.yalsat_binary),
-        ) if binary}  # fmt: skip
+        peers = {
+            name: run
+            for name, run, binary in (
+                ("probsat-c", lambda p, s, f=0: _peer(args.peer_binary, p, s, f), args.peer_binary),
+                (
+                    "yalsat",
+                    lambda p, s, f=0: _yalsat(args.yalsat_binary, p, s, f),
+                    args.yalsat_binary,
+                ),
+            )
+            if binary
+        }
         rate: dict[str, list[float]] = {"hpcpar": [], **{name: [] for name in peers}}
         tts: dict[str, list[dict]] = {"hpcpar": [], **{name: [] for name in peers}}
         hard_path = folder / f"hard{n}.cnf"
@@ -166,18 +181,27 @@ def _sequential(
         for solver, rates in rate.items():
             if not rates:
                 continue
-            runs = tts[solver] or [{"seconds": np.nan, "wall": np.nan, "flips": np.nan,
-                                    "solved": False}]  # fmt: skip
-            docs.append({
-                "variant": solver, "n": n, "clauses": cnf.n_clauses, "instance_seed": inst,
-                "flips_per_s": _stats(rates),
-                "time_to_solution_s": _stats([r["seconds"] for r in runs]),
-                "wall_to_solution_s": _stats([r["wall"] for r in runs]),
-                "flips_to_solution": _stats([r["flips"] for r in runs]),
-                "solved": sum(bool(r["solved"]) for r in tts[solver]), "runs": len(tts[solver]),
-                "flips_sample": [r["flips"] for r in tts[solver]], "k": args.k,
-                "ratio": args.ratio, "planted": args.planted,
-            })  # fmt: skip
+            runs = tts[solver] or [
+                {"seconds": np.nan, "wall": np.nan, "flips": np.nan, "solved": False}
+            ]
+            docs.append(
+                {
+                    "variant": solver,
+                    "n": n,
+                    "clauses": cnf.n_clauses,
+                    "instance_seed": inst,
+                    "flips_per_s": _stats(rates),
+                    "time_to_solution_s": _stats([r["seconds"] for r in runs]),
+                    "wall_to_solution_s": _stats([r["wall"] for r in runs]),
+                    "flips_to_solution": _stats([r["flips"] for r in runs]),
+                    "solved": sum(bool(r["solved"]) for r in tts[solver]),
+                    "runs": len(tts[solver]),
+                    "flips_sample": [r["flips"] for r in tts[solver]],
+                    "k": args.k,
+                    "ratio": args.ratio,
+                    "planted": args.planted,
+                }
+            )
     return docs
 
 
@@ -208,11 +232,16 @@ def _portfolio(comm: Any, args: argparse.Namespace, cnf: Any, sample: list[float
     predicted = {law: expected_min(fit, 1) / expected_min(fit, size) for law, fit in fits.items()}
     predicted["empirical"] = mean / expected_min_empirical(sample, size)
     measured = mean / float(np.mean(flips))
-    return {"ranks": size, "runs": len(flips), "measured_speedup_flips": measured,
-            "predicted": predicted, "portfolio_flips_mean": float(np.mean(flips)),
-            "portfolio_wall_median_s": statistics.median(walls),
-            "measured_vs_empirical": measured / predicted["empirical"],
-            "ks_pvalues": {law: fit.ks_pvalue for law, fit in fits.items()}}  # fmt: skip
+    return {
+        "ranks": size,
+        "runs": len(flips),
+        "measured_speedup_flips": measured,
+        "predicted": predicted,
+        "portfolio_flips_mean": float(np.mean(flips)),
+        "portfolio_wall_median_s": statistics.median(walls),
+        "measured_vs_empirical": measured / predicted["empirical"],
+        "ks_pvalues": {law: fit.ks_pvalue for law, fit in fits.items()},
+    }
 
 
 def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
@@ -234,11 +263,13 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     say = rank0_printer(comm, "sat", args.peer_binary)
     rank, size = comm.Get_rank(), comm.Get_size()
     kind = "planted" if args.planted else "uniform"
-    say(f"# hpcpar bench sat: {kind} {args.k}-SAT at ratio {args.ratio}, sizes {sizes} "
+    say(
+        f"# hpcpar bench sat: {kind} {args.k}-SAT at ratio {args.ratio}, sizes {sizes} "
         f"(flips/s only: {rate_sizes or 'none'}), "
         f"{args.seeds} seeds, rate runs {args.repeats} x {args.flips} flips; "
         f"peer {args.peer_binary or 'none (--peer-binary PATH)'}; yalsat "
-        f"{args.yalsat_binary or 'none (--yalsat-binary PATH)'}; {size} rank(s)")  # fmt: skip
+        f"{args.yalsat_binary or 'none (--yalsat-binary PATH)'}; {size} rank(s)"
+    )
     docs = None
     with tempfile.TemporaryDirectory(prefix="hpcpar-bench-sat-") as tmp:
         if rank == 0:
@@ -246,10 +277,12 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         idle_barrier(comm)
     docs = comm.bcast(docs, root=0)
     by = {(d["variant"], d["n"]): d for d in docs}
-    say(f"# {'n':>5s} {'solver':10s} {'flips/s':>10s} {'spread%':>7s} {'vs peer':>7s} "
+    say(
+        f"# {'n':>5s} {'solver':10s} {'flips/s':>10s} {'spread%':>7s} {'vs peer':>7s} "
         f"{'vs yalsat':>9s} "
         f"{'tts median s':>12s} {'min':>9s} {'max':>9s} {'wall med s':>10s} {'flips med':>10s} "
-        f"{'solved':>7s}")  # fmt: skip
+        f"{'solved':>7s}"
+    )
     rows = []
     for d in docs:
         for suffix, name in (("peer", "probsat-c"), ("yalsat", "yalsat")):
@@ -259,25 +292,29 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
             )
             d[f"time_to_solution_vs_{suffix}"] = (
                 other["time_to_solution_s"]["median"] / d["time_to_solution_s"]["median"]
-                if other and d["time_to_solution_s"]["median"] > 0 else None
-            )  # fmt: skip
+                if other and d["time_to_solution_s"]["median"] > 0
+                else None
+            )
         ratio, ratio_y = d["flips_per_s_vs_peer"], d["flips_per_s_vs_yalsat"]
         t = d["time_to_solution_s"]
         vs = "-" if ratio is None else f"{ratio:.2f}"
         vs_y = "-" if ratio_y is None else f"{ratio_y:.2f}"
-        say(f"  {d['n']:5d} {d['variant']:10s} {d['flips_per_s']['median']:10.3e} "
+        say(
+            f"  {d['n']:5d} {d['variant']:10s} {d['flips_per_s']['median']:10.3e} "
             f"{d['flips_per_s']['spread_pct']:7.1f} {vs:>7s} {vs_y:>9s} "
             f"{t['median']:12.4f} {t['min']:9.4f} {t['max']:9.4f} "
             f"{d['wall_to_solution_s']['median']:10.4f} "
-            f"{d['flips_to_solution']['median']:10.0f} {d['solved']:4d}/{d['runs']}")  # fmt: skip
+            f"{d['flips_to_solution']['median']:10.0f} {d['solved']:4d}/{d['runs']}"
+        )
         rows.append(Row({**d, "valid": d["solved"] == d["runs"]}, size_key="n"))
     if size > 1:
         from . import random_ksat
 
         small = min(sizes)
         inst = by[("hpcpar", small)]["instance_seed"]
-        cnf, _ = random_ksat(small, round(args.ratio * small), args.k, seed=inst,
-                             planted=args.planted)  # fmt: skip
+        cnf, _ = random_ksat(
+            small, round(args.ratio * small), args.k, seed=inst, planted=args.planted
+        )
         sample = None
         if rank == 0:  # a larger sequential sample for the prediction (cheap at this size)
             sample = [
@@ -287,9 +324,11 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         sample = comm.bcast(sample, root=0)
         p = _portfolio(comm, args, cnf, sample)
         pred = ", ".join(f"{k} {v:.2f}" for k, v in p["predicted"].items())
-        say(f"# portfolio on uf{small}: {size} ranks, {p['runs']} races: measured speedup "
+        say(
+            f"# portfolio on uf{small}: {size} ranks, {p['runs']} races: measured speedup "
             f"{p['measured_speedup_flips']:.2f} (flips of the winner); predicted: {pred}; "
-            f"measured / empirical prediction {p['measured_vs_empirical']:.2f}")  # fmt: skip
+            f"measured / empirical prediction {p['measured_vs_empirical']:.2f}"
+        )
         rows.append(Row({"variant": "hpcpar-portfolio", "n": small, **p}, size_key="n"))
     return rows
 

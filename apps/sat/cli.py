@@ -134,16 +134,28 @@ def _solve(comm: Any, args: argparse.Namespace, cnf: Any) -> int:
         h = Hierarchy(comm, layout=args.layout)
         node = h.node_index
         h.free()
-    result = portfolio(cnf, comm, algorithms=algorithms, seed=args.seed, timeout=args.timeout,
-                       max_flips=args.max_flips, check_every=args.check_every, node=node,
-                       **_options(args))  # fmt: skip
-    say(f"c {result.total_flips} flips in {result.seconds:.3f} s on {size} rank(s), "
-        f"{result.flips_per_s:.3e} flips/s per rank")  # fmt: skip
+    result = portfolio(
+        cnf,
+        comm,
+        algorithms=algorithms,
+        seed=args.seed,
+        timeout=args.timeout,
+        max_flips=args.max_flips,
+        check_every=args.check_every,
+        node=node,
+        **_options(args),
+    )
+    say(
+        f"c {result.total_flips} flips in {result.seconds:.3f} s on {size} rank(s), "
+        f"{result.flips_per_s:.3e} flips/s per rank"
+    )
     if not result.satisfiable:
         say("s UNKNOWN", flush=True)
         return 0
-    say(f"c solved by rank {result.winner} ({result.algorithm}) after {result.flips} flips; "
-        f"all ranks stopped {1000 * result.stop_lag_s:.1f} ms later")  # fmt: skip
+    say(
+        f"c solved by rank {result.winner} ({result.algorithm}) after {result.flips} flips; "
+        f"all ranks stopped {1000 * result.stop_lag_s:.1f} ms later"
+    )
     if rank == 0:
         _print_model(result.model)
     return 10
@@ -230,8 +242,10 @@ def _predict(comm: Any, args: argparse.Namespace, cnf: Any) -> int:
     solved = [r for r in runs if r[1]]
     if len(solved) < len(runs):
         within = f"{limit} flips" + (f" or {args.timeout:g} s" if args.timeout else "")
-        say(f"c {len(runs) - len(solved)} of {len(runs)} trials unsolved within {within} "
-            "(left out: the fits describe solved runs only)")  # fmt: skip
+        say(
+            f"c {len(runs) - len(solved)} of {len(runs)} trials unsolved within {within} "
+            "(left out: the fits describe solved runs only)"
+        )
     if len(solved) < 3:
         raise UsageError(
             f"sat predict: {len(solved)} of {len(runs)} trials solved; the fits need 3 or more "
@@ -242,23 +256,31 @@ def _predict(comm: Any, args: argparse.Namespace, cnf: Any) -> int:
     fits = fit_laws(flips)
     table = speedup_table(flips, cores)
     measured = _measure(comm, args, cnf, [c for c in cores if 1 < c <= size])
-    say(f"c {len(solved)} sequential {args.algorithm} runs: mean {flips.mean():.0f} flips "
-        f"({secs.mean():.4f} s), median {np.median(flips):.0f}, min {flips.min():.0f}")  # fmt: skip
+    say(
+        f"c {len(solved)} sequential {args.algorithm} runs: mean {flips.mean():.0f} flips "
+        f"({secs.mean():.4f} s), median {np.median(flips):.0f}, min {flips.min():.0f}"
+    )
     for law, fit in fits.items():
         params = ", ".join(f"{k}={v:.4g}" for k, v in fit.params.items())
-        say(f"c fit {law:20s} {params:34s} loglik {fit.loglik:12.1f}  "
-            f"KS D={fit.ks_statistic:.3f} p={fit.ks_pvalue:.3f}")  # fmt: skip
-    say(f"c {'cores':>6s} {'exp':>8s} {'shifted':>8s} {'lognorm':>8s} {'empir.':>8s} "
-        f"{'measured':>9s} {'(wall)':>7s}   predicted / measured speedup (flips)")  # fmt: skip
+        say(
+            f"c fit {law:20s} {params:34s} loglik {fit.loglik:12.1f}  "
+            f"KS D={fit.ks_statistic:.3f} p={fit.ks_pvalue:.3f}"
+        )
+    say(
+        f"c {'cores':>6s} {'exp':>8s} {'shifted':>8s} {'lognorm':>8s} {'empir.':>8s} "
+        f"{'measured':>9s} {'(wall)':>7s}   predicted / measured speedup (flips)"
+    )
     for row in table:
         m = measured.get(row["cores"])
         if m:
             row.update(m)
-        say(f"c {row['cores']:6d} {row['exponential_speedup']:8.2f} "
+        say(
+            f"c {row['cores']:6d} {row['exponential_speedup']:8.2f} "
             f"{row['shifted_exponential_speedup']:8.2f} {row['lognormal_speedup']:8.2f} "
             f"{row['empirical_speedup']:8.2f} "
             f"{m['measured_speedup'] if m else float('nan'):9.2f} "
-            f"{m['measured_wall_speedup'] if m else float('nan'):7.2f}")  # fmt: skip
+            f"{m['measured_wall_speedup'] if m else float('nan'):7.2f}"
+        )
     if args.out and rank == 0:
         _write_predict(args, comm, fits, table, flips, secs)
     return 0
@@ -298,9 +320,16 @@ def _measure(comm: Any, args: argparse.Namespace, cnf: Any, cores: list[int]) ->
         flips, secs = [], []
         if comm.Get_rank() < n:
             for r in range(args.measure):
-                res = portfolio(cnf, sub, algorithms=[args.algorithm], timeout=args.timeout,
-                                seed=2 * 10**6 + 1000 * r, max_flips=args.max_flips,
-                                check_every=args.check_every, **_options(args))  # fmt: skip
+                res = portfolio(
+                    cnf,
+                    sub,
+                    algorithms=[args.algorithm],
+                    timeout=args.timeout,
+                    seed=2 * 10**6 + 1000 * r,
+                    max_flips=args.max_flips,
+                    check_every=args.check_every,
+                    **_options(args),
+                )
                 flips.append(res.flips)
                 secs.append(res.seconds)
         sub.Free()
@@ -314,13 +343,18 @@ def _measure(comm: Any, args: argparse.Namespace, cnf: Any, cores: list[int]) ->
     return out
 
 
-def _write_predict(args: argparse.Namespace, comm: Any, fits: Any, table: list, flips: Any,
-                   secs: Any) -> None:  # fmt: skip
+def _write_predict(
+    args: argparse.Namespace, comm: Any, fits: Any, table: list, flips: Any, secs: Any
+) -> None:
     from hpcpar.runtime.results import write_csv, write_json
 
     params = {k: v for k, v in vars(args).items() if k != "hpcpar_command"}
-    doc = {"fits": {k: vars(f) for k, f in fits.items()}, "table": table,
-           "runtimes_flips": flips.tolist(), "runtimes_s": secs.tolist()}  # fmt: skip
+    doc = {
+        "fits": {k: vars(f) for k, f in fits.items()},
+        "table": table,
+        "runtimes_flips": flips.tolist(),
+        "runtimes_s": secs.tolist(),
+    }
     write_json(args.out, doc, comm=None, layout=args.layout, parameters=params)
     base = Path(args.out).with_suffix("")
     write_csv(f"{base}.csv", table, comm=None)

@@ -176,8 +176,11 @@ def read_dimacs(path: str | Path) -> CNF:  # noqa: PLR0912  (one pass, a check p
         raise SatError(
             f"{path}: the header declares {n_decl} clauses but the file has {len(starts) - 1}"
         )
-    return CNF(n_vars, np.frombuffer(lits, dtype=np.int32).copy(),
-               np.frombuffer(starts, dtype=np.int64).copy())  # fmt: skip
+    return CNF(
+        n_vars,
+        np.frombuffer(lits, dtype=np.int32).copy(),
+        np.frombuffer(starts, dtype=np.int64).copy(),
+    )
 
 
 def write_dimacs(cnf: CNF, path: str | Path, comments: list[str] | None = None) -> None:

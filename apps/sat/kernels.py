@@ -18,8 +18,14 @@ import numpy as np
 from numba import njit
 
 __all__ = [
-    "ALG_PROBSAT", "ALG_WALKSAT", "ALG_CC", "seed_state", "init_state", "search", "search_probsat",
-]  # fmt: skip
+    "ALG_PROBSAT",
+    "ALG_WALKSAT",
+    "ALG_CC",
+    "seed_state",
+    "init_state",
+    "search",
+    "search_probsat",
+]
 
 ALG_PROBSAT, ALG_WALKSAT, ALG_CC = 0, 1, 2
 
@@ -136,9 +142,29 @@ def _flip(v, cvar, cstart, occ, ostart, a, numtrue, critx, brk, make, false, whe
 
 @njit(cache=True)
 def search(  # noqa: PLR0912, PLR0915
-    alg, params, probs, cvar, csign, cstart, occ, ostart, a, numtrue, critx, brk, make,
-    false, where, nfalse, conf, age, rng, weight, start_flip, max_flips,
-):  # fmt: skip
+    alg,
+    params,
+    probs,
+    cvar,
+    csign,
+    cstart,
+    occ,
+    ostart,
+    a,
+    numtrue,
+    critx,
+    brk,
+    make,
+    false,
+    where,
+    nfalse,
+    conf,
+    age,
+    rng,
+    weight,
+    start_flip,
+    max_flips,
+):
     """Flip until no clause is false or ``max_flips`` flips are done; returns the flips.
 
     ``params``: probSAT unused (``probs[b]`` is the weight of break ``b``); WalkSAT
@@ -194,8 +220,7 @@ def search(  # noqa: PLR0912, PLR0915
                 score = make[u] - brk[u]
                 if score > best or (score == best and age[u] < age[v]):
                     best, v = score, u
-        _flip(v, cvar, cstart, occ, ostart, a, numtrue, critx, brk, make, false, where,
-              nfalse, cc)  # fmt: skip
+        _flip(v, cvar, cstart, occ, ostart, a, numtrue, critx, brk, make, false, where, nfalse, cc)
         flips += 1
         if cc:
             age[v] = start_flip + flips
@@ -225,9 +250,22 @@ def _xoshiro(s0, s1, s2, s3):  # type: ignore[no-untyped-def]
 
 @njit(cache=True)
 def search_probsat(  # noqa: PLR0915
-    probs, cvar, cstart, occ, ostart, a, numtrue, critx, brk, false, where, nfalse, rng, weight,
+    probs,
+    cvar,
+    cstart,
+    occ,
+    ostart,
+    a,
+    numtrue,
+    critx,
+    brk,
+    false,
+    where,
+    nfalse,
+    rng,
+    weight,
     max_flips,
-):  # fmt: skip
+):
     """``search`` for probSAT alone: the same flips from the same state, faster.
 
     The counters the loop changes every flip (the false-clause count, the random

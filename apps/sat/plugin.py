@@ -32,12 +32,17 @@ def _step(comm: Any, h: Any, folder: Path, say: Any) -> Step:
     status = run_command(comm, argv, folder / "sat.log")
     ok = status == 10  # SATISFIABLE, model checked against the formula before printing
     text = (folder / "sat.log").read_text() if comm.Get_rank() == 0 else ""
-    winner = next((line[2:].split(";")[0].strip() for line in text.splitlines()
-                   if line.startswith("c solved by")), "")  # fmt: skip
+    winner = next(
+        (
+            line[2:].split(";")[0].strip()
+            for line in text.splitlines()
+            if line.startswith("c solved by")
+        ),
+        "",
+    )
     found = f"3000 variables, 12600 clauses: SATISFIABLE{'; ' + winner if winner else ''}"
     figure = comm.bcast(found if ok else f"exit status {status}", root=0)
-    return Step("SAT portfolio", ok, figure, time.perf_counter() - start,
-                ["sat.cnf", "sat.log"])  # fmt: skip
+    return Step("SAT portfolio", ok, figure, time.perf_counter() - start, ["sat.cnf", "sat.log"])
 
 
 register(TourStep("SAT portfolio", 50, _step))

@@ -122,12 +122,23 @@ def portfolio(
         ):
             break
     t_found = time.time() if found else 0.0
-    sends = [comm.Isend(np.array([rank], dtype=np.int64), dest=r, tag=_STOP)
-             for r in range(size) if found and r != rank]  # fmt: skip
+    sends = [
+        comm.Isend(np.array([rank], dtype=np.int64), dest=r, tag=_STOP)
+        for r in range(size)
+        if found and r != rank
+    ]
     t_exit = time.time()
-    mine = {"rank": rank, "algorithm": algorithm, "seed": my_seed, "flips": ls.flips,
-            "seconds": ls.seconds, "found": found, "stopped": stopped,
-            "t_found": t_found, "t_exit": t_exit}  # fmt: skip
+    mine = {
+        "rank": rank,
+        "algorithm": algorithm,
+        "seed": my_seed,
+        "flips": ls.flips,
+        "seconds": ls.seconds,
+        "found": found,
+        "stopped": stopped,
+        "t_found": t_found,
+        "t_exit": t_exit,
+    }
     everyone = comm.allgather(mine)
     winners = [d["rank"] for d in everyone if d["found"]]
     _drain(comm, stop, note, len(winners) - (1 if found else 0))
@@ -146,6 +157,13 @@ def portfolio(
     lag = max(d["t_exit"] for d in everyone) - w["t_found"] if winner >= 0 else 0.0
     busy = sum(d["seconds"] for d in everyone)
     return PortfolioResult(
-        model, winner, w["algorithm"], w["flips"], total, seconds,
-        total / busy if busy > 0 else 0.0, max(lag, 0.0), everyone,
-    )  # fmt: skip
+        model,
+        winner,
+        w["algorithm"],
+        w["flips"],
+        total,
+        seconds,
+        total / busy if busy > 0 else 0.0,
+        max(lag, 0.0),
+        everyone,
+    )

@@ -89,9 +89,17 @@ class LocalSearch:
     """
 
     def __init__(
-        self, cnf: CNF, algorithm: str = "probsat", seed: int = 0, *, cb: float | None = None,
-        eps: float | None = None, noise: float = 0.567, wp: float = 0.01, restart: int = 0,
-    ) -> None:  # fmt: skip
+        self,
+        cnf: CNF,
+        algorithm: str = "probsat",
+        seed: int = 0,
+        *,
+        cb: float | None = None,
+        eps: float | None = None,
+        noise: float = 0.567,
+        wp: float = 0.01,
+        restart: int = 0,
+    ) -> None:
         if algorithm not in ALGORITHMS:
             raise SatError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
         if not 0 <= noise <= 1 or not 0 <= wp <= 1 or restart < 0:
@@ -133,8 +141,19 @@ class LocalSearch:
         self._init()
 
     def _init(self) -> None:
-        K.init_state(self.cvar, self.csign, self.cstart, self.a, self.numtrue, self.critx,
-                     self.brk, self.make, self.false, self.where, self.nfalse)  # fmt: skip
+        K.init_state(
+            self.cvar,
+            self.csign,
+            self.cstart,
+            self.a,
+            self.numtrue,
+            self.critx,
+            self.brk,
+            self.make,
+            self.false,
+            self.where,
+            self.nfalse,
+        )
 
     @property
     def solved(self) -> bool:
@@ -156,17 +175,47 @@ class LocalSearch:
                 chunk = min(chunk, self.restart - self.since_restart)
             if self.algorithm == "probsat":
                 done = K.search_probsat(
-                    self.probs, self.cvar, self.cstart, self.occ, self.ostart, self.a,
-                    self.numtrue, self.critx, self.brk, self.false, self.where, self.nfalse,
-                    self.rng, self.weight, chunk,
-                )  # fmt: skip
+                    self.probs,
+                    self.cvar,
+                    self.cstart,
+                    self.occ,
+                    self.ostart,
+                    self.a,
+                    self.numtrue,
+                    self.critx,
+                    self.brk,
+                    self.false,
+                    self.where,
+                    self.nfalse,
+                    self.rng,
+                    self.weight,
+                    chunk,
+                )
             else:
                 done = K.search(
-                    ALGORITHMS[self.algorithm], self.params, self.probs, self.cvar,
-                    self.csign, self.cstart, self.occ, self.ostart, self.a, self.numtrue,
-                    self.critx, self.brk, self.make, self.false, self.where, self.nfalse,
-                    self.conf, self.age, self.rng, self.weight, self.flips, chunk,
-                )  # fmt: skip
+                    ALGORITHMS[self.algorithm],
+                    self.params,
+                    self.probs,
+                    self.cvar,
+                    self.csign,
+                    self.cstart,
+                    self.occ,
+                    self.ostart,
+                    self.a,
+                    self.numtrue,
+                    self.critx,
+                    self.brk,
+                    self.make,
+                    self.false,
+                    self.where,
+                    self.nfalse,
+                    self.conf,
+                    self.age,
+                    self.rng,
+                    self.weight,
+                    self.flips,
+                    chunk,
+                )
             self.flips += done
             self.since_restart += done
             left -= done

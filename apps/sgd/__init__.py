@@ -17,6 +17,13 @@ from .models import MODELS, Model, SgdError, make_model
 from .train import EpochStats, SyncTrainer
 
 __all__ = [
-    "DATASETS", "Dataset", "EpochStats", "MODELS", "Model", "SgdError", "SyncTrainer",
-    "load_dataset", "make_model",
-]  # fmt: skip
+    "DATASETS",
+    "Dataset",
+    "EpochStats",
+    "MODELS",
+    "Model",
+    "SgdError",
+    "SyncTrainer",
+    "load_dataset",
+    "make_model",
+]

@@ -84,8 +84,9 @@ class AsyncTrainer:
         loss = 0.0
         if self.comm is None or self.size == 1:
             for rows in self._batches(epoch, 0):
-                loss += model.loss_and_grad(self.data.x_train[rows], self.data.y_train[rows],
-                                            grad, 1.0 / rows.size)  # fmt: skip
+                loss += model.loss_and_grad(
+                    self.data.x_train[rows], self.data.y_train[rows], grad, 1.0 / rows.size
+                )
                 self._apply(grad, 0)
             samples = len(self._batches(epoch, 0)) * self.batch
         elif self.rank == 0:
@@ -102,10 +103,14 @@ class AsyncTrainer:
         seconds = time.perf_counter() - t0
         stale = self.staleness or [0]
         return EpochStats(
-            epoch, loss / max(samples, 1), model.accuracy(self.data.x_test, self.data.y_test),
-            seconds, samples / seconds, self.comm_seconds,
+            epoch,
+            loss / max(samples, 1),
+            model.accuracy(self.data.x_test, self.data.y_test),
+            seconds,
+            samples / seconds,
+            self.comm_seconds,
             {"mean_staleness": float(np.mean(stale)), "max_staleness": int(np.max(stale))},
-        )  # fmt: skip
+        )
 
     def _serve(self, epoch: int, grad: np.ndarray) -> tuple[float, int]:
         from mpi4py import MPI
@@ -120,8 +125,9 @@ class AsyncTrainer:
             worker = status.Get_source()
             comm.Recv(grad, source=worker, tag=_GRAD)
             self._apply(grad, self.version - int(head[0]))
-            comm.Send(np.concatenate([[float(self.version)], self.model.params]), dest=worker,
-                      tag=_PARAMS)  # fmt: skip
+            comm.Send(
+                np.concatenate([[float(self.version)], self.model.params]), dest=worker, tag=_PARAMS
+            )
         return 0.0, 0
 
     def _work(self, epoch: int, grad: np.ndarray) -> tuple[float, int]:
@@ -131,8 +137,9 @@ class AsyncTrainer:
         reply = np.zeros(model.n_params + 1)
         loss = 0.0
         for rows in batches:
-            loss += model.loss_and_grad(self.data.x_train[rows], self.data.y_train[rows], grad,
-                                        1.0 / rows.size)  # fmt: skip
+            loss += model.loss_and_grad(
+                self.data.x_train[rows], self.data.y_train[rows], grad, 1.0 / rows.size
+            )
             t0 = time.perf_counter()
             comm.Send(np.array([float(self.version), loss]), dest=0, tag=_HEAD)
             comm.Send(grad, dest=0, tag=_GRAD)

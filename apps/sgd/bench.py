@@ -41,9 +41,14 @@ __all__: list[str] = []
 
 MODES = ("sync", "local", "async", "hogwild")
 # the torch variants: the same network through torch DDP or hpcpar's DataParallel
-_TORCH = {"torch-ddp-gloo": "ddp", "torch-hpcpar": "hpcpar", "torch-hpcpar-thread": "thread",
-          "torch-hpcpar-after": "after", "torch-hpcpar-zero": "zero",
-          "torch-hpcpar-zero-2l": "zero-2l"}  # fmt: skip
+_TORCH = {
+    "torch-ddp-gloo": "ddp",
+    "torch-hpcpar": "hpcpar",
+    "torch-hpcpar-thread": "thread",
+    "torch-hpcpar-after": "after",
+    "torch-hpcpar-zero": "zero",
+    "torch-hpcpar-zero-2l": "zero-2l",
+}
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,8 +136,11 @@ def _torch_group(comm: Any) -> Any:
     if interface:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
     if comm.Get_rank() == 0:
-        print(f"# gloo: rendezvous at {address}:{port}, interface "
-              f"{os.environ.get('GLOO_SOCKET_IFNAME', 'chosen by gloo')}", flush=True)  # fmt: skip
+        print(
+            f"# gloo: rendezvous at {address}:{port}, interface "
+            f"{os.environ.get('GLOO_SOCKET_IFNAME', 'chosen by gloo')}",
+            flush=True,
+        )
     dist.init_process_group(
         "gloo", rank=comm.Get_rank(), world_size=comm.Get_size(), timeout=timedelta(seconds=120)
     )
@@ -175,8 +183,9 @@ class _TorchRun:
     and gather).
     """
 
-    def __init__(self, model: Any, data: Any, comm: Any, h: Any, args: argparse.Namespace,
-                 wrap: str = "ddp") -> None:  # fmt: skip
+    def __init__(
+        self, model: Any, data: Any, comm: Any, h: Any, args: argparse.Namespace, wrap: str = "ddp"
+    ) -> None:
         import torch
         from torch.nn.parallel import DistributedDataParallel
 
@@ -198,8 +207,7 @@ class _TorchRun:
             )
         else:
             overlap = {"hpcpar": None, "thread": True, "after": False}.get(wrap, False)
-            self.ddp = DataParallel(self.net, comm=h, bucket_mib=args.bucket_mib,
-                                    overlap=overlap)  # fmt: skip
+            self.ddp = DataParallel(self.net, comm=h, bucket_mib=args.bucket_mib, overlap=overlap)
         lr = args.lr / 100 if args.optimizer == "adam" else args.lr
         make = {
             "sgd": lambda p: torch.optim.SGD(p, lr=lr),
@@ -270,13 +278,23 @@ def _hpcpar_trainer(mode: str, model: Any, data: Any, h: Any, args: argparse.Nam
     size = h.comm.Get_size() if h is not None else 1
     if mode == "async":
         workers = max(1, size - 1)
-        return AsyncTrainer(model, data, h, batch=max(1, args.batch // workers), lr=args.lr,
-                            seed=args.seed)  # fmt: skip
+        return AsyncTrainer(
+            model, data, h, batch=max(1, args.batch // workers), lr=args.lr, seed=args.seed
+        )
     if mode == "hogwild":
-        return HogwildTrainer(model, data, h, batch=max(1, args.batch // size), lr=args.lr,
-                              seed=args.seed)  # fmt: skip
-    return SyncTrainer(model, data, h, batch=args.batch, lr=args.lr, mode=mode,
-                       bucket_bytes=bucket_bytes(args.bucket_mib), seed=args.seed)  # fmt: skip
+        return HogwildTrainer(
+            model, data, h, batch=max(1, args.batch // size), lr=args.lr, seed=args.seed
+        )
+    return SyncTrainer(
+        model,
+        data,
+        h,
+        batch=args.batch,
+        lr=args.lr,
+        mode=mode,
+        bucket_bytes=bucket_bytes(args.bucket_mib),
+        seed=args.seed,
+    )
 
 
 def _blocking_allreduce_s(trainer: Any, steps: int) -> float:
@@ -310,9 +328,15 @@ def _train(variant: str, args: argparse.Namespace, comm: Any, h: Any, data: Any)
             waited = getattr(run.ddp, "comm_seconds", 0.0) - waited
             seconds = comm.allreduce(seconds, op=_max())
             loss = comm.allreduce(loss) / samples
-            epochs.append({"seconds": seconds, "samples": samples, "loss": loss,
-                           "accuracy": _torch_accuracy(run),
-                           "comm_seconds": comm.allreduce(waited, op=_max())})  # fmt: skip
+            epochs.append(
+                {
+                    "seconds": seconds,
+                    "samples": samples,
+                    "loss": loss,
+                    "accuracy": _torch_accuracy(run),
+                    "comm_seconds": comm.allreduce(waited, op=_max()),
+                }
+            )
         extra["optimizer_state_bytes"] = comm.allreduce(_state_bytes(run.opt), op=_max())
         if hasattr(run.ddp, "free"):
             extra["steps_per_epoch"] = run.data.y_train.size // run.batch
@@ -328,9 +352,15 @@ def _train(variant: str, args: argparse.Namespace, comm: Any, h: Any, data: Any)
     try:
         for e in range(args.epochs):
             st = trainer.epoch(e)
-            epochs.append({"seconds": st.seconds, "samples": st.samples_per_s * st.seconds,
-                           "loss": st.loss, "accuracy": st.test_accuracy,
-                           "comm_seconds": st.comm_seconds})  # fmt: skip
+            epochs.append(
+                {
+                    "seconds": st.seconds,
+                    "samples": st.samples_per_s * st.seconds,
+                    "loss": st.loss,
+                    "accuracy": st.test_accuracy,
+                    "comm_seconds": st.comm_seconds,
+                }
+            )
             if not alone and mode in ("sync", "local"):
                 epochs[-1]["seconds"] = comm.allreduce(st.seconds, op=_max())
                 epochs[-1]["comm_seconds"] = comm.allreduce(st.comm_seconds, op=_max())
@@ -349,8 +379,9 @@ def _sklearn(model: Any, data: Any, args: argparse.Namespace) -> dict:
     """scikit-learn's SGDClassifier (log loss, constant step, one pass per epoch)."""
     from sklearn.linear_model import SGDClassifier
 
-    clf = SGDClassifier(loss="log_loss", learning_rate="constant", eta0=args.lr, alpha=0.0,
-                        random_state=args.seed)  # fmt: skip
+    clf = SGDClassifier(
+        loss="log_loss", learning_rate="constant", eta0=args.lr, alpha=0.0, random_state=args.seed
+    )
     classes = np.arange(data.n_classes)
     rng = np.random.default_rng(args.seed)
     epochs = []
@@ -362,9 +393,15 @@ def _sklearn(model: Any, data: Any, args: argparse.Namespace) -> dict:
         seconds = time.perf_counter() - t0
         proba = np.clip(clf.predict_proba(data.x_train), 1e-12, 1.0)
         loss = float(-np.log(proba[np.arange(y.size), data.y_train]).mean())
-        epochs.append({"seconds": seconds, "samples": y.size, "loss": loss,
-                       "accuracy": float(clf.score(data.x_test, data.y_test)),
-                       "comm_seconds": 0.0})  # fmt: skip
+        epochs.append(
+            {
+                "seconds": seconds,
+                "samples": y.size,
+                "loss": loss,
+                "accuracy": float(clf.score(data.x_test, data.y_test)),
+                "comm_seconds": 0.0,
+            }
+        )
     return {"epochs": epochs}
 
 
@@ -495,9 +532,11 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:  # noqa: PLR0912, PL
     _torch_overlap(docs)
     base = next(d for d in docs if d["variant"] == peer)["samples_per_s_median"]
     alone = next((d for d in docs if d["variant"] == "hpcpar-sync@1"), None)
-    say(f"# {'variant':22s} {'ranks':>5s} {'samples/s':>11s} {'min':>10s} {'max':>10s} "
+    say(
+        f"# {'variant':22s} {'ranks':>5s} {'samples/s':>11s} {'min':>10s} {'max':>10s} "
         f"{'spread%':>7s} {'vs peer':>7s} {'to target s':>11s} {'acc':>6s} {'comm%':>6s} "
-        f"{'overlap':>7s}")  # fmt: skip
+        f"{'overlap':>7s}"
+    )
     rows = []
     for d in docs:
         d["vs_peer"] = d["samples_per_s_median"] / base
@@ -524,9 +563,13 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:  # noqa: PLR0912, PL
             )
     state = {d["variant"]: d["optimizer_state_bytes"] for d in docs if "optimizer_state_bytes" in d}
     if state.get("torch-hpcpar"):
-        say(f"# {args.optimizer} state per rank (the largest): "
-            + ", ".join(f"{v} {b / 2**20:.2f} MiB ({b / state['torch-hpcpar']:.2f})"
-                        for v, b in state.items()))  # fmt: skip
+        say(
+            f"# {args.optimizer} state per rank (the largest): "
+            + ", ".join(
+                f"{v} {b / 2**20:.2f} MiB ({b / state['torch-hpcpar']:.2f})"
+                for v, b in state.items()
+            )
+        )
     if alone is not None and rank == 0:
         eff = next(d for d in docs if d["variant"] == "hpcpar-sync")["scaling_efficiency"]
         print(f"# sync scaling efficiency 1 -> {size} ranks: {eff:.2f}", flush=True)

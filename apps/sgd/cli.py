@@ -180,10 +180,16 @@ def _train(
         # by rank. The figures are rank 0's (their timings differ by rank).
         params = Replicated(model.params) if args.mode == "sync" else model.params
         history = Replicated(comm.bcast(_history(rows), root=0))
-        state = {"app": "sgd", "model": args.model, "dataset": args.dataset,
-                 "params": params, "step": trainer.step,
-                 "epoch": e + 1 if last else e, "next": 0 if last else index + 1,
-                 "history": history}  # fmt: skip
+        state = {
+            "app": "sgd",
+            "model": args.model,
+            "dataset": args.dataset,
+            "params": params,
+            "step": trainer.step,
+            "epoch": e + 1 if last else e,
+            "next": 0 if last else index + 1,
+            "history": history,
+        }
         ck.save(trainer.step, state)
 
     def due() -> bool:
@@ -226,8 +232,11 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"sgd: --epochs must be at least 1, not {args.epochs}")
     if args.checkpoint_every and not args.checkpoint:
         raise UsageError("sgd: --checkpoint-every K needs --checkpoint DIR")
-    outer = [f"--{name.replace('_', '-')}" for name in ("outer_lr", "outer_momentum")
-             if getattr(args, name, None) is not None]  # fmt: skip
+    outer = [
+        f"--{name.replace('_', '-')}"
+        for name in ("outer_lr", "outer_momentum")
+        if getattr(args, name, None) is not None
+    ]
     if outer and (args.framework != "torch" or args.mode != "local"):
         raise UsageError(
             f"sgd: {' and '.join(outer)} set the outer steps of --framework torch --mode "
@@ -253,8 +262,9 @@ def _resume(
     if not ck.versions():
         return ck, 0, 0, 0, []
     _, state = ck.restore()
-    state = {k: (np.asarray(v) if isinstance(v, (Replicated, Sharded)) else v)
-             for k, v in state.items()}  # fmt: skip
+    state = {
+        k: (np.asarray(v) if isinstance(v, (Replicated, Sharded)) else v) for k, v in state.items()
+    }
     _check_resumable(args, state, model)
     model.params[:] = state["params"]
     history = state.get("history")

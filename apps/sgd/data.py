@@ -12,9 +12,16 @@ import numpy as np
 from .models import SgdError
 
 __all__ = [
-    "Dataset", "load_dataset", "DATASETS", "epoch_order", "strided_batches", "shard_bounds",
-    "shard_order", "batch_rows", "local_shard_order",
-]  # fmt: skip
+    "Dataset",
+    "load_dataset",
+    "DATASETS",
+    "epoch_order",
+    "strided_batches",
+    "shard_bounds",
+    "shard_order",
+    "batch_rows",
+    "local_shard_order",
+]
 
 DATASETS = ("digits", "breast_cancer", "wine", "synthetic", "synthetic_sparse")
 
@@ -68,8 +75,9 @@ def epoch_order(seed: int, epoch: int, rows: int) -> np.ndarray:
     return order
 
 
-def batch_rows(seed: int, epoch: int, rows: int, index: int, batch: int, rank: int,
-               ranks: int) -> np.ndarray:  # fmt: skip
+def batch_rows(
+    seed: int, epoch: int, rows: int, index: int, batch: int, rank: int, ranks: int
+) -> np.ndarray:
     """Rank ``rank``'s rows of global batch ``index`` under one global shuffle."""
     mine = batch // ranks
     start = index * batch + rank * mine
@@ -174,8 +182,16 @@ def load_dataset(
         lo, hi = shard_bounds(data.y_train.size, part, parts)
         if hi - lo < 1:
             raise SgdError(f"{name}: {data.y_train.size} training rows for {parts} shards")
-        return Dataset(data.name, data.x_train[lo:hi], data.y_train[lo:hi], data.x_test,
-                       data.y_test, data.n_classes, shard, data.y_train.size)  # fmt: skip
+        return Dataset(
+            data.name,
+            data.x_train[lo:hi],
+            data.y_train[lo:hi],
+            data.x_test,
+            data.y_test,
+            data.n_classes,
+            shard,
+            data.y_train.size,
+        )
     if name.endswith((".npz", ".h5", ".hdf5")):
         return load_file(name, seed)
     if name in ("digits", "breast_cancer", "wine"):
@@ -251,5 +267,13 @@ def _load_h5_shard(path: str, seed: int, shard: tuple[int, int], comm: Any) -> D
     std = np.sqrt(np.maximum(moments[d:] / cut - mean * mean, 0.0))
     std[std == 0] = 1.0
     y = np.searchsorted(classes, y)
-    return Dataset(file.name, (x - mean) / std, y[mine], (x_test - mean) / std, y[test],
-                   int(classes.size), shard, cut)  # fmt: skip
+    return Dataset(
+        file.name,
+        (x - mean) / std,
+        y[mine],
+        (x_test - mean) / std,
+        y[test],
+        int(classes.size),
+        shard,
+        cut,
+    )

@@ -39,9 +39,15 @@ class HogwildTrainer:
     """
 
     def __init__(
-        self, model: Model, data: Dataset, hierarchy: Any = None, *, batch: int = 16,
-        lr: float = 0.1, seed: int = 0,
-    ) -> None:  # fmt: skip
+        self,
+        model: Model,
+        data: Dataset,
+        hierarchy: Any = None,
+        *,
+        batch: int = 16,
+        lr: float = 0.1,
+        seed: int = 0,
+    ) -> None:
         check_training(lr, batch, data.y_train.size)
         self.model, self.data, self.batch, self.lr, self.seed = model, data, batch, lr, seed
         self.h = hierarchy
@@ -67,8 +73,7 @@ class HogwildTrainer:
 
     def _rows(self, epoch: int) -> list[np.ndarray]:
         if self.data.shard is not None:  # this rank's shard, in its own order
-            return strided_batches(local_shard_order(self.seed, epoch, self.data), 0, 1,
-                                   self.batch)  # fmt: skip
+            return strided_batches(local_shard_order(self.seed, epoch, self.data), 0, 1, self.batch)
         order = epoch_order(self.seed, epoch, self.data.y_train.size)
         return strided_batches(order, self.rank, self.size, self.batch)
 
@@ -112,9 +117,13 @@ class HogwildTrainer:
             samples = h.comm.allreduce(samples, op=MPI.SUM)
         seconds = time.perf_counter() - t0
         return EpochStats(
-            epoch, loss / max(samples, 1), self.model.accuracy(self.data.x_test, self.data.y_test),
-            seconds, samples / seconds, self.comm_seconds,
-        )  # fmt: skip
+            epoch,
+            loss / max(samples, 1),
+            self.model.accuracy(self.data.x_test, self.data.y_test),
+            seconds,
+            samples / seconds,
+            self.comm_seconds,
+        )
 
     def free(self) -> None:
         """Release the shared window (the model keeps a private copy)."""

@@ -32,42 +32,81 @@ def killed_and_resumed(folder: Path) -> tuple[bool, str]:
     """
     from hpcpar.launcher import detached_env
 
-    base = [sys.executable, "-m", "hpcpar", "launch", "-n", "2", "--layout", "ppn:1",
-            "--launcher", "mpiexec", "--timeout", "180", "--", "sgd", "--dataset", "digits",
-            "--model", "mlp", "--hidden", "32", "--epochs", "8", "--batch", "64", "--lr",
-            "0.1", "--mode", "sync"]  # fmt: skip
+    base = [
+        sys.executable,
+        "-m",
+        "hpcpar",
+        "launch",
+        "-n",
+        "2",
+        "--layout",
+        "ppn:1",
+        "--launcher",
+        "mpiexec",
+        "--timeout",
+        "180",
+        "--",
+        "sgd",
+        "--dataset",
+        "digits",
+        "--model",
+        "mlp",
+        "--hidden",
+        "32",
+        "--epochs",
+        "8",
+        "--batch",
+        "64",
+        "--lr",
+        "0.1",
+        "--mode",
+        "sync",
+    ]
     ck = ["--checkpoint", str(folder / "sgd-checkpoint"), "--checkpoint-every", "20"]
 
     def job(out: str, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*base, "--out", str(folder / out), *extra], text=True,
-                              capture_output=True, env=detached_env(**env), timeout=240,
-                              check=False)  # fmt: skip
+        return subprocess.run(
+            [*base, "--out", str(folder / out), *extra],
+            text=True,
+            capture_output=True,
+            env=detached_env(**env),
+            timeout=240,
+            check=False,
+        )
 
     plain = job("sgd-plain.json")
     # a checkpoint left by an earlier demo in this folder would be resumed, not killed
     shutil.rmtree(folder / "sgd-checkpoint", ignore_errors=True)
     killed = job("sgd.json", *ck, HPCPAR_CHECKPOINT_FAULT="kill=after-commit,step=60,rank=1")
     resumed = job("sgd.json", *ck)
-    (folder / "sgd.log").write_text("\n".join(
-        f"$ {name}: exit {p.returncode}\n{p.stdout}{p.stderr}"
-        for name, p in (("uninterrupted", plain), ("killed", killed), ("resumed", resumed))
-    ))  # fmt: skip
+    (folder / "sgd.log").write_text(
+        "\n".join(
+            f"$ {name}: exit {p.returncode}\n{p.stdout}{p.stderr}"
+            for name, p in (("uninterrupted", plain), ("killed", killed), ("resumed", resumed))
+        )
+    )
     import numpy as np
 
     same = (
-        plain.returncode == 0 and resumed.returncode == 0 and killed.returncode != 0
+        plain.returncode == 0
+        and resumed.returncode == 0
+        and killed.returncode != 0
         and (folder / "sgd.npy").exists()
         and np.array_equal(np.load(folder / "sgd-plain.npy"), np.load(folder / "sgd.npy"))
-    )  # fmt: skip
-    where = next((line.strip("# ") for line in resumed.stdout.splitlines()
-                  if "resumed at" in line), "not resumed")  # fmt: skip
+    )
+    where = next(
+        (line.strip("# ") for line in resumed.stdout.splitlines() if "resumed at" in line),
+        "not resumed",
+    )
     accuracy = "?"
     with contextlib.suppress(OSError, ValueError, KeyError, IndexError, TypeError):
         rows = json.loads((folder / "sgd.json").read_text())["results"]["epochs"]  # per epoch
         accuracy = f"{rows[-1]['test_accuracy']:.3f}"
-    figure = (f"killed (exit {killed.returncode}), {where}; test accuracy {accuracy}, "
-              f"model {'bitwise equal to' if same else 'DIFFERS from'} the "
-              f"uninterrupted run")  # fmt: skip
+    figure = (
+        f"killed (exit {killed.returncode}), {where}; test accuracy {accuracy}, "
+        f"model {'bitwise equal to' if same else 'DIFFERS from'} the "
+        f"uninterrupted run"
+    )
     return same, figure
 
 
@@ -79,8 +118,13 @@ def _step(comm: Any, h: Any, folder: Path, say: Any) -> Step:
     outcome = killed_and_resumed(folder) if comm.Get_rank() == 0 else None
     idle_barrier(comm)
     ok, figure = comm.bcast(outcome, root=0)
-    return Step("SGD killed + resumed", ok, figure, time.perf_counter() - start,
-                ["sgd.json", "sgd.png", "sgd.log"])  # fmt: skip
+    return Step(
+        "SGD killed + resumed",
+        ok,
+        figure,
+        time.perf_counter() - start,
+        ["sgd.json", "sgd.png", "sgd.log"],
+    )
 
 
 register(TourStep("SGD killed + resumed", 20, _step))

@@ -67,8 +67,7 @@ class _Bucket:
         total = self.offsets[-1]
         # the gradients, then one "used on this rank" count per parameter: after the sum
         # a zero count means no rank used that parameter
-        self.flat = torch.zeros(total + len(params), dtype=params[0].dtype,
-                                device=params[0].device)  # fmt: skip
+        self.flat = torch.zeros(total + len(params), dtype=params[0].dtype, device=params[0].device)
         self.array = _as_array(self.flat)
         self.filled = [False] * len(params)
         self.missing = len(params)
@@ -143,8 +142,9 @@ def reduce_bucket(bucket: _Bucket, comm: Any, algorithm: str, *, sleep: bool = F
 
             torch.cuda.current_stream(bucket.flat.device).synchronize()
         if sleep:
-            request = hpcpar.iallreduce(bucket.array, out=bucket.array, comm=comm,
-                                        algorithm=algorithm)  # fmt: skip
+            request = hpcpar.iallreduce(
+                bucket.array, out=bucket.array, comm=comm, algorithm=algorithm
+            )
             pause, spin = _FIRST_PAUSE_S, time.perf_counter() + _SPIN_S
             while not request.test():
                 if time.perf_counter() > spin:
@@ -450,9 +450,14 @@ class DataParallel:
             return cached[n]
 
         kinds = [(p.dtype, p.device) for p in order]
-        limit, exposed, every = plan_buckets(nbytes, when[:-1].tolist(), float(when[-1]), cost,
-                                             overlap=self._reducer is not None,
-                                             kinds=kinds)  # fmt: skip
+        limit, exposed, every = plan_buckets(
+            nbytes,
+            when[:-1].tolist(),
+            float(when[-1]),
+            cost,
+            overlap=self._reducer is not None,
+            kinds=kinds,
+        )
         self.bucket_bytes = limit
         self._set_buckets(limit)
         one = every[_CANDIDATES[-1]]
@@ -595,8 +600,9 @@ class ZeroOptimizer:
         SgdError: parameters of several dtypes or devices.
     """
 
-    def __init__(self, model: DataParallel, make_optimizer: Any, *,
-                 hierarchical: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, model: DataParallel, make_optimizer: Any, *, hierarchical: bool = False
+    ) -> None:
         torch = model._torch
         self.model, self._torch = model, torch
         self.params = [p for p in model.module.parameters() if p.requires_grad]
@@ -638,19 +644,27 @@ class ZeroOptimizer:
 
         torch, model = self._torch, self.model
         with torch.no_grad():
-            grads = torch.cat([
-                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                for p in self.params
-            ])  # fmt: skip
-            mine = hpcpar.reduce_scatter(_as_array(grads), counts=self.counts,
-                                         comm=model._hierarchy,
-                                         algorithm=self._algorithm("reduce_scatter"))  # fmt: skip
+            grads = torch.cat(
+                [
+                    (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                    for p in self.params
+                ]
+            )
+            mine = hpcpar.reduce_scatter(
+                _as_array(grads),
+                counts=self.counts,
+                comm=model._hierarchy,
+                algorithm=self._algorithm("reduce_scatter"),
+            )
             self.shard.grad = torch.as_tensor(mine, device=grads.device).div_(model.size)
         self.optimizer.step()
         with torch.no_grad():
-            whole = hpcpar.allgather(_as_array(self.shard.detach()), counts=self.counts,
-                                     comm=model._hierarchy,
-                                     algorithm=self._algorithm("allgather"))  # fmt: skip
+            whole = hpcpar.allgather(
+                _as_array(self.shard.detach()),
+                counts=self.counts,
+                comm=model._hierarchy,
+                algorithm=self._algorithm("allgather"),
+            )
             flat = torch.as_tensor(whole, device=self.shard.device)
             at = 0
             for p, n in zip(self.params, self.sizes, strict=True):
@@ -691,8 +705,9 @@ class LocalSGD:
         SgdError: ``steps`` below 1, or parameters of several dtypes or devices.
     """
 
-    def __init__(self, model: DataParallel, inner: Any, *, steps: int = 8,
-                 make_outer: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self, model: DataParallel, inner: Any, *, steps: int = 8, make_outer: Any = None
+    ) -> None:
         torch = model._torch
         if not isinstance(steps, int) or steps < 1:
             raise SgdError(f"LocalSGD: steps must be a positive integer, not {steps!r}")
@@ -734,8 +749,9 @@ class LocalSGD:
         torch, model = self._torch, self.model
         with torch.no_grad():
             moved = self.common.detach() - self._flat()
-            total = hpcpar.allreduce(_as_array(moved), comm=model._hierarchy,
-                                     algorithm=model.algorithm)  # fmt: skip
+            total = hpcpar.allreduce(
+                _as_array(moved), comm=model._hierarchy, algorithm=model.algorithm
+            )
             self.common.grad = torch.as_tensor(total, device=moved.device).div_(model.size)
         self.outer.step()
         with torch.no_grad():

@@ -48,14 +48,19 @@ def build_torch_model(name: str, n_features: int, n_classes: int, hidden: int, s
     if name == "cnn":
         side = math.isqrt(n_features)
         if side * side != n_features:
-            raise SgdError(f"cnn takes square single-channel images; {n_features} features "
-                           "per row are not a square")  # fmt: skip
+            raise SgdError(
+                f"cnn takes square single-channel images; {n_features} features "
+                "per row are not a square"
+            )
         return nn.Sequential(
             nn.Unflatten(1, (1, side, side)),
-            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-            nn.Flatten(), nn.Linear(32 * side * side, n_classes),
-        )  # fmt: skip
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(32 * side * side, n_classes),
+        )
     raise SgdError(f"unknown torch model {name!r}; choose from {', '.join(TORCH_MODELS)}")
 
 
@@ -86,9 +91,11 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
     if args.zero and args.mode != "sync":
         raise SgdError("--zero shards the optimizer state of mode sync only")
     if args.mode == "local" and args.checkpoint_every and args.checkpoint_every % args.local_steps:
-        raise SgdError(f"mode local saves when the ranks meet: --checkpoint-every "
-                       f"{args.checkpoint_every} must be a multiple of --local-steps "
-                       f"{args.local_steps}")  # fmt: skip
+        raise SgdError(
+            f"mode local saves when the ranks meet: --checkpoint-every "
+            f"{args.checkpoint_every} must be a multiple of --local-steps "
+            f"{args.local_steps}"
+        )
     size = comm.Get_size()
     say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
     data = load_dataset(args.dataset, args.seed)
@@ -104,22 +111,28 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
     opt = _optimizer(args, model)
     n_params = sum(p.numel() for p in net.parameters())
     ck, step, rows = _resume(args, h, net, opt)
-    say(f"# hpcpar sgd: torch {args.model} ({n_params} parameters) on {args.dataset} "
+    say(
+        f"# hpcpar sgd: torch {args.model} ({n_params} parameters) on {args.dataset} "
         f"({n} training rows), {size} rank(s), global batch {args.batch}, lr {args.lr}, "
-        f"buckets {_mib(args.bucket_mib)}")  # fmt: skip
+        f"buckets {_mib(args.bucket_mib)}"
+    )
     if step:
         say(f"# resumed at step {step} (epoch {step // steps}, batch {step % steps})")
-    tensors = (torch.from_numpy(np.ascontiguousarray(data.x_train, dtype=np.float32)),
-               torch.from_numpy(data.y_train.astype(np.int64)))  # fmt: skip
+    tensors = (
+        torch.from_numpy(np.ascontiguousarray(data.x_train, dtype=np.float32)),
+        torch.from_numpy(data.y_train.astype(np.int64)),
+    )
     told = False
     try:
         for e in range(step // steps, args.epochs):
             start = step % steps if e == step // steps else 0
             rows.append(_epoch(comm, args, (model, opt, ck), data, tensors, e, start, rows))
             step = (e + 1) * steps
-            say(f"  epoch {e + 1:4d}  loss {rows[-1]['loss']:.4f}  test accuracy "
+            say(
+                f"  epoch {e + 1:4d}  loss {rows[-1]['loss']:.4f}  test accuracy "
                 f"{rows[-1]['test_accuracy']:.4f}  {rows[-1]['samples_per_s']:10.0f} samples/s",
-                flush=True)  # fmt: skip
+                flush=True,
+            )
             if not told and args.bucket_mib == "auto" and args.mode == "sync" and not args.zero:
                 say(f"# buckets {model.bucket_plan}")
                 told = True
@@ -136,9 +149,16 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
     return rows, params
 
 
-def _epoch(comm: Any, args: argparse.Namespace, training: tuple[Any, Any, Any], data: Any,
-           tensors: tuple[Any, Any], e: int, start: int,
-           rows: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+def _epoch(
+    comm: Any,
+    args: argparse.Namespace,
+    training: tuple[Any, Any, Any],
+    data: Any,
+    tensors: tuple[Any, Any],
+    e: int,
+    start: int,
+    rows: list[dict[str, Any]],
+) -> dict[str, Any]:
     """Epoch ``e`` from batch ``start``, saving every ``--checkpoint-every`` steps."""
     import torch
 
@@ -173,15 +193,28 @@ def _epoch(comm: Any, args: argparse.Namespace, training: tuple[Any, Any, Any], 
     return row
 
 
-def _row(comm: Any, args: argparse.Namespace, model: Any, data: Any, e: int, loss_sum: float,
-         t0: float, batches: int) -> dict[str, Any]:  # fmt: skip
+def _row(
+    comm: Any,
+    args: argparse.Namespace,
+    model: Any,
+    data: Any,
+    e: int,
+    loss_sum: float,
+    t0: float,
+    batches: int,
+) -> dict[str, Any]:
     """The epoch's figures, the same on every rank (collective)."""
     seconds = comm.allreduce(time.perf_counter() - t0, op=_max())
     loss = comm.allreduce(loss_sum) / max(1, batches * args.batch)
     accuracy = _accuracy(model.module, data) if comm.Get_rank() == 0 else None
-    return {"epoch": e + 1, "loss": loss, "test_accuracy": comm.bcast(accuracy, root=0),
-            "seconds": seconds, "samples_per_s": batches * args.batch / seconds,
-            "comm_seconds": 0.0}  # fmt: skip
+    return {
+        "epoch": e + 1,
+        "loss": loss,
+        "test_accuracy": comm.bcast(accuracy, root=0),
+        "seconds": seconds,
+        "samples_per_s": batches * args.batch / seconds,
+        "comm_seconds": 0.0,
+    }
 
 
 def _optimizer(args: argparse.Namespace, model: Any) -> Any:
@@ -199,11 +232,9 @@ def _optimizer(args: argparse.Namespace, model: Any) -> Any:
         nesterov = outer_momentum > 0
 
         def outer(params: Any) -> Any:
-            return torch.optim.SGD(params, lr=outer_lr, momentum=outer_momentum,
-                                   nesterov=nesterov)  # fmt: skip
+            return torch.optim.SGD(params, lr=outer_lr, momentum=outer_momentum, nesterov=nesterov)
 
-        return LocalSGD(model, sgd(model.parameters()), steps=args.local_steps,
-                        make_outer=outer)  # fmt: skip
+        return LocalSGD(model, sgd(model.parameters()), steps=args.local_steps, make_outer=outer)
     if args.zero:
         return ZeroOptimizer(model, sgd, hierarchical=args.layout is not None)
     return sgd(model.parameters())
@@ -237,12 +268,15 @@ def _state(args: argparse.Namespace, net: Any, opt: Any, step: int, rows: list) 
 
     table = [[float(r[c]) for c in _HISTORY] for r in rows]
     return {
-        "app": "sgd-torch", "model": args.model, "dataset": args.dataset, "step": step,
+        "app": "sgd-torch",
+        "model": args.model,
+        "dataset": args.dataset,
+        "step": step,
         "params": {k: Replicated(v.detach().numpy().copy()) for k, v in net.state_dict().items()},
         "optimizer": _optimizer_state(opt),
         "rng": Replicated(torch.get_rng_state().numpy().copy()),
         "history": Replicated(np.array(table, dtype=np.float64).reshape(len(rows), len(_HISTORY))),
-    }  # fmt: skip
+    }
 
 
 def _optimizer_state(opt: Any) -> dict[str, Any]:
@@ -274,10 +308,12 @@ def _torch_state(opt: Any, mark: Any) -> dict[str, Any]:
 
     saved = opt.state_dict()
     return {
-        "state": {str(i): {k: mark(v) if torch.is_tensor(v) else v for k, v in st.items()}
-                  for i, st in saved["state"].items()},
+        "state": {
+            str(i): {k: mark(v) if torch.is_tensor(v) else v for k, v in st.items()}
+            for i, st in saved["state"].items()
+        },
         "param_groups": saved["param_groups"],
-    }  # fmt: skip
+    }
 
 
 def _load_optimizer(opt: Any, saved: dict[str, Any]) -> None:
@@ -286,12 +322,18 @@ def _load_optimizer(opt: Any, saved: dict[str, Any]) -> None:
     from .torch import LocalSGD, ZeroOptimizer
 
     def load(target: Any, state: dict[str, Any]) -> None:
-        target.load_state_dict({
-            "state": {int(i): {k: torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray)
-                               else v for k, v in st.items()}
-                      for i, st in state["state"].items()},
-            "param_groups": state["param_groups"],
-        })  # fmt: skip
+        target.load_state_dict(
+            {
+                "state": {
+                    int(i): {
+                        k: torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v
+                        for k, v in st.items()
+                    }
+                    for i, st in state["state"].items()
+                },
+                "param_groups": state["param_groups"],
+            }
+        )
 
     if isinstance(opt, ZeroOptimizer):
         load(opt.optimizer, saved["inner"])
@@ -330,8 +372,10 @@ def _resume(args: argparse.Namespace, h: Any, net: Any, opt: Any) -> tuple[Any, 
         args.model,
         args.dataset,
     ):
-        raise SgdError(f"{args.checkpoint} holds a checkpoint of {held}; this run trains "
-                       f"sgd-torch {args.model} on {args.dataset}")  # fmt: skip
+        raise SgdError(
+            f"{args.checkpoint} holds a checkpoint of {held}; this run trains "
+            f"sgd-torch {args.model} on {args.dataset}"
+        )
     try:
         net.load_state_dict(
             {k: torch.from_numpy(np.asarray(v)) for k, v in state["params"].items()}

@@ -145,14 +145,19 @@ class SyncTrainer:
 
     def _rows(self, epoch: int, index: int) -> np.ndarray:
         if not self.shards:
-            return batch_rows(self.seed, epoch, self.data.y_train.size, index, self.batch,
-                              self.rank, self.size)  # fmt: skip
+            return batch_rows(
+                self.seed, epoch, self.data.y_train.size, index, self.batch, self.rank, self.size
+            )
         mine = self.batch // self.shards
         if self.data.shard is not None:  # this rank's shard: its next rows
             return local_shard_order(self.seed, epoch, self.data)[index * mine :][:mine]
         n = self.data.n_total  # one process composing every shard's next rows
-        return np.concatenate([shard_order(self.seed, epoch, p, self.shards, n)
-                               [index * mine :][:mine] for p in range(self.shards)])  # fmt: skip
+        return np.concatenate(
+            [
+                shard_order(self.seed, epoch, p, self.shards, n)[index * mine :][:mine]
+                for p in range(self.shards)
+            ]
+        )
 
     def train_step(self, rows: np.ndarray) -> float:
         """One SGD step on this rank's ``rows`` of the global batch; its summed loss."""
@@ -197,8 +202,9 @@ class SyncTrainer:
         parts = np.empty((mine, self.model.n_params))
         loss = 0.0
         for i in range(mine):
-            loss += self.model.loss_and_grad(x[i * per : (i + 1) * per], y[i * per : (i + 1) * per],
-                                             parts[i], 1.0 / self.batch)  # fmt: skip
+            loss += self.model.loss_and_grad(
+                x[i * per : (i + 1) * per], y[i * per : (i + 1) * per], parts[i], 1.0 / self.batch
+            )
         if self.comm is not None:
             from hpcpar.runtime.comm import resolve_comm
 
@@ -219,8 +225,9 @@ class SyncTrainer:
         import hpcpar
 
         t0 = time.perf_counter()
-        hpcpar.allreduce(self.model.params, out=self.reduced, comm=self.comm,
-                         reproducible=self.reproducible)  # fmt: skip
+        hpcpar.allreduce(
+            self.model.params, out=self.reduced, comm=self.comm, reproducible=self.reproducible
+        )
         self.model.params[:] = self.reduced / self.size
         self.comm_seconds += time.perf_counter() - t0
 

@@ -251,12 +251,13 @@ class XorLevel(Level):
             and chunk > 0
             and isinstance(lengths, list)
             and len(lengths) == len(self.members)
-            and all(isinstance(n, int) and 0 <= n <= chunk * (len(self.members) - 1)
-                    for n in lengths)
+            and all(
+                isinstance(n, int) and 0 <= n <= chunk * (len(self.members) - 1) for n in lengths
+            )
             and isinstance(parity, np.ndarray)
             and parity.dtype == np.uint8
             and parity.size == chunk
-        )  # fmt: skip
+        )
 
     def _rebuild(
         self, q: int, c: int, raw: np.ndarray | None, meta: dict[str, Any] | None

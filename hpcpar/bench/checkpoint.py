@@ -442,12 +442,18 @@ def _reshards(bench: _Bench, nominal: int) -> None:
                 times.append(took)
                 valid[n] = valid[n] and good
         same = float(np.median(runs[size]))
-        bench.emit(_row(total, f"same-{level}", runs[size], valid=valid[size]), total, 1.0,
-                   f"same-{level}")  # fmt: skip
+        bench.emit(
+            _row(total, f"same-{level}", runs[size], valid=valid[size]), total, 1.0, f"same-{level}"
+        )
         for n in counts:
             extra = _sub_job(comm, n, args.layout, lambda h, f=folder, lv=level: peak(h, f, lv))
-            row = _row(total, f"reshard-{level}-{n}", runs[n], valid=valid[n],
-                       peak_extra_mib=round(extra, 1))  # fmt: skip
+            row = _row(
+                total,
+                f"reshard-{level}-{n}",
+                runs[n],
+                valid=valid[n],
+                peak_extra_mib=round(extra, 1),
+            )
             bench.emit(row, total, same / float(np.median(runs[n])), f"same-{level}")
             bench.say(f"  {'':8s} {'':18s} peak memory beyond the new state: {extra:.1f} MiB")
         comm.Barrier()
@@ -481,8 +487,10 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         f"{args.repeats} repeats, median of the slowest rank; "
         f"{'warm' if args.warm_cache else 'cold'} page cache for restores"
     )
-    bench.say(f"# {'size':>8s} {'variant':18s} {'median_s':>9s} {'min_s':>9s} {'max_s':>9s} "
-              f"{'spread%':>7s} {'GB/s':>7s}  ratio")  # fmt: skip
+    bench.say(
+        f"# {'size':>8s} {'variant':18s} {'median_s':>9s} {'min_s':>9s} {'max_s':>9s} "
+        f"{'spread%':>7s} {'GB/s':>7s}  ratio"
+    )
     if args.reshard and args.min_size == "64MiB" and args.max_size == "256MiB":
         sizes = [1 << 30]  # --reshard's default size
     try:

@@ -274,8 +274,12 @@ def _predictor(args: argparse.Namespace, h: Any) -> Callable[[str, int], float |
         if variant in ("torch-gloo", "autotune"):
             return None
         plan = plan_for(args.collective, nbytes, layout, profile)
-        wanted = {"mpi-direct": "mpi", "mpi-persistent": "mpi", "auto": plan.algorithm,
-                  "auto-persistent": plan.algorithm}.get(variant, variant)  # fmt: skip
+        wanted = {
+            "mpi-direct": "mpi",
+            "mpi-persistent": "mpi",
+            "auto": plan.algorithm,
+            "auto-persistent": plan.algorithm,
+        }.get(variant, variant)
         found = next((p for p in plan.ranking if p.algorithm == wanted), None)
         return None if found is None else found.seconds * 1e6
 

@@ -99,8 +99,13 @@ def bandwidth_plot(rows: list[dict[str, Any]], path: str, title: str, peer: str)
     for variant in dict.fromkeys(r["variant"] for r in swept):  # in the order measured
         points = sorted((r["size"], r["busbw_gbs"]) for r in swept if r["variant"] == variant)
         mine = variant == peer
-        ax.plot(*zip(*points, strict=True), marker="o" if mine else ".", label=variant,
-                linewidth=2.5 if mine else 1, color="black" if mine else None)  # fmt: skip
+        ax.plot(
+            *zip(*points, strict=True),
+            marker="o" if mine else ".",
+            label=variant,
+            linewidth=2.5 if mine else 1,
+            color="black" if mine else None,
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")

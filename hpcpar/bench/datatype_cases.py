@@ -158,11 +158,21 @@ def measure_case(
     title, name = case
     say(f"# case: {title}")
     if traffic is not None:
-        say(f"#   reads {traffic['lines_read']:,} cache lines of {LINE} B for {size:,} B packed: "
-            f"{traffic['read_per_packed']:.2f}x the packed bytes")  # fmt: skip
+        say(
+            f"#   reads {traffic['lines_read']:,} cache lines of {LINE} B for {size:,} B packed: "
+            f"{traffic['read_per_packed']:.2f}x the packed bytes"
+        )
     say(format_header())
-    rows = sweep(comm, variants, [size], peer=peer, repeats=args.repeats, warmup=args.warmup,
-                 min_time=args.min_time, max_iterations=args.max_iterations)  # fmt: skip
+    rows = sweep(
+        comm,
+        variants,
+        [size],
+        peer=peer,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        min_time=args.min_time,
+        max_iterations=args.max_iterations,
+    )
     for m in rows:
         say(format_row(m))
     return [{**m.as_dict(), "case": name, **(traffic or {})} for m in rows]

@@ -132,8 +132,11 @@ def _variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> list[V
             fresh = view.copy if view.flags.c_contiguous else (lambda: np.ascontiguousarray(view))
             return fresh, (lambda: np.array_equal(fresh().reshape(-1).view(np.uint8), reference))
 
-        variants += [Variant("numpy", npy), Variant("hpcpar-pack-new", new),
-                     Variant("numpy-ascontiguousarray", new_numpy)]  # fmt: skip
+        variants += [
+            Variant("numpy", npy),
+            Variant("hpcpar-pack-new", new),
+            Variant("numpy-ascontiguousarray", new_numpy),
+        ]
     packed = reference.copy()
     scratch = np.zeros_like(base)
 
@@ -214,8 +217,15 @@ def _halo_variants(comm: Any, n: int) -> list[Variant]:
 
 def _send_cases(n: int) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
     """Faces and interior of the N^3 array, 16 MB of 8 and 64 B blocks, the small vector."""
-    names = ("x face", "y face", "z face", "interior", "vector of 8 B", "vector of 64 B",
-             "small: 8 doubles")  # fmt: skip
+    names = (
+        "x face",
+        "y face",
+        "z face",
+        "interior",
+        "vector of 8 B",
+        "vector of 64 B",
+        "small: 8 doubles",
+    )
     return [c for c in cases(n) if c[0].startswith(names)]
 
 
@@ -250,12 +260,16 @@ def _send_variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> l
         return partner is None or np.array_equal(into, sent)
 
     def ours(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
-        return trip(lambda: hpcpar.send(sent, partner, comm=comm),
-                    lambda: hpcpar.recv(into, partner, comm=comm)), check  # fmt: skip
+        return trip(
+            lambda: hpcpar.send(sent, partner, comm=comm),
+            lambda: hpcpar.recv(into, partner, comm=comm),
+        ), check
 
     def ours_typed(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
-        return trip(lambda: hpcpar.send(whole, partner, comm=comm, datatype=dt),
-                    lambda: hpcpar.recv(back, partner, comm=comm, datatype=dt)), check  # fmt: skip
+        return trip(
+            lambda: hpcpar.send(whole, partner, comm=comm, datatype=dt),
+            lambda: hpcpar.recv(back, partner, comm=comm, datatype=dt),
+        ), check
 
     def persistent(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
         if partner is None:
@@ -263,12 +277,14 @@ def _send_variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> l
         out = hpcpar.send_init(sent, partner, 1, comm=comm)
         back_in = hpcpar.recv_init(into, partner, 1, comm=comm)
         _PERSISTENT.extend((out, back_in))
-        return trip(lambda: (out.start(), out.wait()),
-                    lambda: (back_in.start(), back_in.wait())), check  # fmt: skip
+        return trip(
+            lambda: (out.start(), out.wait()), lambda: (back_in.start(), back_in.wait())
+        ), check
 
     def library(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
-        return trip(lambda: comm.Send([whole, 1, dt], partner),
-                    lambda: comm.Recv([back, 1, dt], partner)), check  # fmt: skip
+        return trip(
+            lambda: comm.Send([whole, 1, dt], partner), lambda: comm.Recv([back, 1, dt], partner)
+        ), check
 
     def handwritten(_: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
         def recv() -> None:
@@ -278,9 +294,13 @@ def _send_variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> l
 
         return trip(lambda: comm.Send(np.ascontiguousarray(sent), partner), recv), check
 
-    return [Variant("hpcpar-send", ours), Variant("hpcpar-send-datatype", ours_typed),
-            Variant("hpcpar-send-persistent", persistent), Variant("mpi-datatype", library),
-            Variant("numpy+Send", handwritten)]  # fmt: skip
+    return [
+        Variant("hpcpar-send", ours),
+        Variant("hpcpar-send-datatype", ours_typed),
+        Variant("hpcpar-send-persistent", persistent),
+        Variant("mpi-datatype", library),
+        Variant("numpy+Send", handwritten),
+    ]
 
 
 _PERSISTENT: list[Any] = []  # the persistent requests a send case made, freed after it
@@ -312,8 +332,9 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         whole, (view, dt) = make()
         variants = _variants(comm, whole, view, dt)
         traffic = traffic_of(plan(dt), whole.reshape(-1).view(np.uint8))
-        results += measure_case(comm, args, say, (name, name), variants, dt.Get_size(), "mpi-pack",
-                         traffic)  # fmt: skip
+        results += measure_case(
+            comm, args, say, (name, name), variants, dt.Get_size(), "mpi-pack", traffic
+        )
         dt.Free()
     if args.gpu:
         from .datatypes_gpu import gpu_cases  # cupy's, only with --gpu
@@ -328,8 +349,9 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
             whole, (view, dt) = make()
             title = f"send round trip, ranks 2k <-> 2k+1: {name} (peer: mpi-datatype)"
             variants = _send_variants(comm, whole, view, dt)
-            results += measure_case(comm, args, say, (title, f"send: {name}"), variants,
-                             dt.Get_size(), "mpi-datatype")  # fmt: skip
+            results += measure_case(
+                comm, args, say, (title, f"send: {name}"), variants, dt.Get_size(), "mpi-datatype"
+            )
             dt.Free()
             while _PERSISTENT:
                 _PERSISTENT.pop().free()

@@ -88,10 +88,12 @@ def _gpu_variants(whole: np.ndarray, index: Callable[[Any], Any]) -> list[Varian
         variant("cupy-contiguous", lambda: cupy.ascontiguousarray(device)),
         variant("hpcpar-staged", lambda: device_to_host(device, "staged")),
         variant("cupy-get", device.get),
-        Variant("hpcpar-device-unpack", unpack_check(
-            lambda: unpack_device(p, packed, scratch_area, origin=scratch_origin))),
+        Variant(
+            "hpcpar-device-unpack",
+            unpack_check(lambda: unpack_device(p, packed, scratch_area, origin=scratch_origin)),
+        ),
         Variant("cupy-unpack", unpack_check(lambda: target.__setitem__(Ellipsis, typed))),
-    ]  # fmt: skip
+    ]
 
 
 def _gpu_irregular_variants(whole: np.ndarray, gather: Gather, dt: Any) -> list[Variant]:
@@ -154,8 +156,9 @@ def gpu_cases(comm: Any, args: argparse.Namespace, say: Callable[..., Any]) -> l
     for name, index in _GPU_CASES:
         variants = _gpu_variants(whole, index)
         case = (f"GPU {name}", f"GPU {name}")
-        results += measure_case(comm, args, say, case, variants, index(whole).nbytes,
-                         "cupy-contiguous")  # fmt: skip
+        results += measure_case(
+            comm, args, say, case, variants, index(whole).nbytes, "cupy-contiguous"
+        )
     for name, make in cases(args.n):  # the smallest irregular case (the kernel: one launch)
         if name.startswith("indexed: 4096 blocks of 8 B"):
             raw, (gather, dt) = make()

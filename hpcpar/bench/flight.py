@@ -127,14 +127,28 @@ def _run_feature(feature: str, comm: Any, args: argparse.Namespace) -> list[Meas
             spread = 100.0 * (q[2] - q[0]) / ratio
             for variant, times, vs in ((name, on, ratio), (f"{name}-off", off, 1.0)):
                 us = [t * 1e6 for t in times]
-                out.append(Measurement(size=8, variant=variant, avg_us=statistics.median(us),
-                                       min_us=min(us), max_us=max(us), iterations=n,
-                                       repeats=args.repeats, spread_pct=spread, algbw_gbs=None,
-                                       busbw_gbs=None, vs_peer=vs, valid=ok))  # fmt: skip
+                out.append(
+                    Measurement(
+                        size=8,
+                        variant=variant,
+                        avg_us=statistics.median(us),
+                        min_us=min(us),
+                        max_us=max(us),
+                        iterations=n,
+                        repeats=args.repeats,
+                        spread_pct=spread,
+                        algbw_gbs=None,
+                        busbw_gbs=None,
+                        vs_peer=vs,
+                        valid=ok,
+                    )
+                )
             if rank == 0:
-                print(f"  {name:>16} {statistics.median(on) * 1e6:10.2f} "
-                      f"{statistics.median(off) * 1e6:10.2f} {ratio:8.3f} {spread:8.1f}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"  {name:>16} {statistics.median(on) * 1e6:10.2f} "
+                    f"{statistics.median(off) * 1e6:10.2f} {ratio:8.3f} {spread:8.1f}",
+                    flush=True,
+                )
     finally:
         set_enabled(was)
     return out

@@ -58,12 +58,25 @@ def _shape(text: str) -> tuple[int, int]:
 def _inner_options(args: argparse.Namespace, profile: str, output: str) -> list[str]:
     """The benchmark's own options for the run inside the cluster."""
     out = [
-        "--collective", args.collective, "--min-size", args.min_size,
-        "--max-size", args.max_size, "--repeats", str(args.repeats),
-        "--warmup", str(args.warmup), "--min-time", str(args.min_time),
-        "--max-iterations", str(args.max_iterations), "--profile", profile,
-        "--output", output,
-    ]  # fmt: skip
+        "--collective",
+        args.collective,
+        "--min-size",
+        args.min_size,
+        "--max-size",
+        args.max_size,
+        "--repeats",
+        str(args.repeats),
+        "--warmup",
+        str(args.warmup),
+        "--min-time",
+        str(args.min_time),
+        "--max-iterations",
+        str(args.max_iterations),
+        "--profile",
+        profile,
+        "--output",
+        output,
+    ]
     if args.algorithms:
         out += ["--algorithms", args.algorithms]
     if args.no_gloo:
@@ -154,8 +167,10 @@ def _own_arguments(argv: list[str], bench: str) -> list[str]:
     try:
         at = next(i for i in range(len(argv) - 1) if argv[i : i + 2] == ["bench", bench])
     except StopIteration:
-        raise UsageError(f"bench {bench} --vcluster: cannot find 'bench {bench}' in the "
-                         "command line to run it again inside the cluster") from None  # fmt: skip
+        raise UsageError(
+            f"bench {bench} --vcluster: cannot find 'bench {bench}' in the "
+            "command line to run it again inside the cluster"
+        ) from None
     drop = ("--vcluster", "--link", "--distribution", "--output")
     out, rest = [], argv[at + 2 :]
     i = 0
@@ -171,9 +186,11 @@ def _own_arguments(argv: list[str], bench: str) -> list[str]:
 
 
 def _step(
-    argv: list[str], what: str, env: dict[str, str] | None = None,
+    argv: list[str],
+    what: str,
+    env: dict[str, str] | None = None,
     who: str = "bench collectives --vcluster",
-) -> None:  # fmt: skip
+) -> None:
     code = subprocess.run(argv, env=env, check=False).returncode
     if code != 0:
         raise HpcparError(f"{who}: the {what} failed (exit {code})")

@@ -22,8 +22,7 @@ from .harness import Measurement
 
 __all__: list[str] = []
 
-COLLECTIVES = ("allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall",
-               "barrier")  # fmt: skip
+COLLECTIVES = ("allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall", "barrier")
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -173,8 +172,10 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Measurement]:
         if not _right(d, got, comm):
             wrong[d.collective] += 1
             if not first_wrong:
-                first_wrong.append(f"call {i}: {d.collective} {d.algorithm} count {d.count} "
-                                   f"{d.dtype} {d.op_name} root {d.root}")  # fmt: skip
+                first_wrong.append(
+                    f"call {i}: {d.collective} {d.algorithm} count {d.count} "
+                    f"{d.dtype} {d.op_name} root {d.root}"
+                )
     total = time.perf_counter() - started
     growth = _rss_mib() - rss_warm
     growths = comm.allgather(growth)
@@ -186,22 +187,38 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Measurement]:
     for c in COLLECTIVES:
         every = wrong_all[c]
         avg = seconds[c] / calls[c] * 1e6 if calls[c] else 0.0
-        out.append(Measurement(size=calls[c], variant=c, avg_us=avg, min_us=avg, max_us=avg,
-                               iterations=calls[c], repeats=1, spread_pct=0.0, algbw_gbs=None,
-                               busbw_gbs=None, vs_peer=None,
-                               valid=every == 0 and ok_memory))  # fmt: skip
+        out.append(
+            Measurement(
+                size=calls[c],
+                variant=c,
+                avg_us=avg,
+                min_us=avg,
+                max_us=avg,
+                iterations=calls[c],
+                repeats=1,
+                spread_pct=0.0,
+                algbw_gbs=None,
+                busbw_gbs=None,
+                vs_peer=None,
+                valid=every == 0 and ok_memory,
+            )
+        )
     if rank == 0:
-        print(f"# hpcpar bench soak: {args.calls} random collectives at {size} rank(s), seed "
-              f"{args.seed}, up to {args.max_count} elements; every result checked against "
-              f"numpy on every rank", flush=True)  # fmt: skip
+        print(
+            f"# hpcpar bench soak: {args.calls} random collectives at {size} rank(s), seed "
+            f"{args.seed}, up to {args.max_count} elements; every result checked against "
+            f"numpy on every rank",
+            flush=True,
+        )
         print(f"# {'collective':>16} {'calls':>8} {'wrong':>6} {'avg us':>10}")
         for m in out:
-            print(f"  {m.variant:>16} {m.iterations:8d} {wrong_all[m.variant]:6d} "
-                  f"{m.avg_us:10.1f}")  # fmt: skip
+            print(f"  {m.variant:>16} {m.iterations:8d} {wrong_all[m.variant]:6d} {m.avg_us:10.1f}")
         print(f"results wrong: {wrongs} of {args.calls * size} (calls x ranks)")
-        print(f"resident memory growth after the first {warm} calls, per rank (MiB): "
-              + ", ".join(f"{g:+.1f}" for g in growths)
-              + f" (limit {args.max_rss_growth:g})")  # fmt: skip
+        print(
+            f"resident memory growth after the first {warm} calls, per rank (MiB): "
+            + ", ".join(f"{g:+.1f}" for g in growths)
+            + f" (limit {args.max_rss_growth:g})"
+        )
         print(f"{total:.1f} s, {args.calls / total:.0f} collectives/s")
         for rank_bad in bad:
             for line in rank_bad:

@@ -131,8 +131,9 @@ def points(config: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for values in itertools.product(*(config["params"][k] for k in keys)):
         point = dict(zip(keys, values, strict=True))
-        slug = "_".join(f"{k}-{re.sub(r'[^A-Za-z0-9.]+', '', str(point[k])) or 'real'}"
-                        for k in keys)  # fmt: skip
+        slug = "_".join(
+            f"{k}-{re.sub(r'[^A-Za-z0-9.]+', '', str(point[k])) or 'real'}" for k in keys
+        )
         digest = hashlib.sha1(json.dumps(point, sort_keys=True).encode()).hexdigest()[:6]
         out.append({"id": f"{slug}-{digest}", "params": point})  # cfr and cfr+ differ
     return out
@@ -191,10 +192,15 @@ def gather(config: dict[str, Any]) -> list[dict[str, Any]]:
         if status["status"] == "ok" and (folder / "out.json").exists():
             doc = json.loads((folder / "out.json").read_text())["results"]
             results = doc if isinstance(doc, list) else [doc]
-        base = {"point": point["id"], **point["params"], "status": status["status"],
-                "results": len(results), "seconds": status.get("seconds"),
-                "speedup": speedup.get(point["id"], (None, None))[0],
-                "series": speedup.get(point["id"], (None, None))[1]}  # fmt: skip
+        base = {
+            "point": point["id"],
+            **point["params"],
+            "status": status["status"],
+            "results": len(results),
+            "seconds": status.get("seconds"),
+            "speedup": speedup.get(point["id"], (None, None))[0],
+            "series": speedup.get(point["id"], (None, None))[1],
+        }
         for r in results or [{}]:
             flat = {k: v for k, v in r.items() if not isinstance(v, (list, dict))}
             rows.append({**base, **flat})
@@ -214,8 +220,11 @@ def _speedups(pts: list[dict[str, Any]], statuses: dict[str, dict]) -> dict[str,
         status = statuses[p["id"]]
         if status["status"] != "ok":
             continue
-        label = ", ".join(f"{k}={v if v != '' else 'real'}"
-                          for k, v in sorted(p["params"].items()) if k != "ranks")  # fmt: skip
+        label = ", ".join(
+            f"{k}={v if v != '' else 'real'}"
+            for k, v in sorted(p["params"].items())
+            if k != "ranks"
+        )
         series.setdefault(label or "all", []).append(
             (int(p["params"]["ranks"]), p["id"], status["seconds"])
         )
@@ -275,8 +284,11 @@ def _plots(root: Path, rows: list[dict[str, Any]]) -> list[Path]:
 
 def _teps_plots(root: Path, rows: list[dict[str, Any]], plt: Any) -> list[Path]:
     """Graph500 rows: harmonic-mean TEPS per partition, one bar group per (ranks, layout)."""
-    keys = [k for k in ("bfs_harmonic_mean_teps", "sssp_harmonic_mean_teps")
-            if any(k in r for r in rows)]  # fmt: skip
+    keys = [
+        k
+        for k in ("bfs_harmonic_mean_teps", "sssp_harmonic_mean_teps")
+        if any(k in r for r in rows)
+    ]
     graph = [r for r in rows if "partition" in r and any(k in r for k in keys)]
     if not graph:
         return []
@@ -286,9 +298,18 @@ def _teps_plots(root: Path, rows: list[dict[str, Any]], plt: Any) -> list[Path]:
     width = 0.8 / max(1, len(partitions))
     for ax, key in zip(axes[0], keys, strict=True):
         for k, partition in enumerate(partitions):
-            heights = [max((r.get(key) or 0.0 for r in graph if r["partition"] == partition
-                            and (r.get("ranks"), r.get("layout") or "real") == g),
-                           default=0.0) for g in groups]  # fmt: skip
+            heights = [
+                max(
+                    (
+                        r.get(key) or 0.0
+                        for r in graph
+                        if r["partition"] == partition
+                        and (r.get("ranks"), r.get("layout") or "real") == g
+                    ),
+                    default=0.0,
+                )
+                for g in groups
+            ]
             ax.bar([i + k * width for i in range(len(groups))], heights, width, label=partition)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
         ax.set_xticklabels([f"{n} ranks\n{lay}" for n, lay in groups], fontsize=7)
@@ -331,11 +352,16 @@ def _run(_comm: Any, args: argparse.Namespace) -> int:
         return 0
     config = load_config(args.path, where=args.where)
     n = len(points(config))
-    print(f"# experiment {config['name']}: {n} point(s) ({config['where']}), results in "
-          f"{config['results']}", flush=True)  # fmt: skip
+    print(
+        f"# experiment {config['name']}: {n} point(s) ({config['where']}), results in "
+        f"{config['results']}",
+        flush=True,
+    )
     counts = run_sweep(config)
-    print(f"# {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} done before; "
-          f"{config['results']}/results.csv")  # fmt: skip
+    print(
+        f"# {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} done before; "
+        f"{config['results']}/results.csv"
+    )
     return 1 if counts["failed"] else 0
 
 

@@ -69,9 +69,12 @@ def collect_info(comm: Any) -> dict[str, str]:
         "GPU": _gpu_info(),
         "ranks": str(comm.Get_size()),
         "HPCPAR_ settings": ", ".join(f"{k}={v}" for k, v in settings.items()) or "none",
-        **({"unknown HPCPAR_ names": ", ".join(strays) + " (no such setting: a typo?)"}
-           if strays else {}),
-    }  # fmt: skip
+        **(
+            {"unknown HPCPAR_ names": ", ".join(strays) + " (no such setting: a typo?)"}
+            if strays
+            else {}
+        ),
+    }
 
 
 def format_info(info: dict[str, str]) -> str:

@@ -128,10 +128,19 @@ def render_sbatch(
     lines = "".join(f'"$HPCPAR" {b}\n' for b in before)
     part = f"#SBATCH --partition={partition}" if partition else _NO_PARTITION
     return _TEMPLATE.format(
-        app=app, nodes=nodes, ppn=ppn, cpus=cpus_per_task, time=check_time(time_limit),
-        output=output, partition=part, before=lines, launcher=launcher, command=command,
-        ok="|".join(map(str, ok)), name=f"hpcpar-{app}",
-    )  # fmt: skip
+        app=app,
+        nodes=nodes,
+        ppn=ppn,
+        cpus=cpus_per_task,
+        time=check_time(time_limit),
+        output=output,
+        partition=part,
+        before=lines,
+        launcher=launcher,
+        command=command,
+        ok="|".join(map(str, ok)),
+        name=f"hpcpar-{app}",
+    )
 
 
 def submit(
@@ -156,9 +165,14 @@ def submit(
     from ..errors import HpcparError
 
     try:
-        out = subprocess.run(["sbatch", "--parsable", *(sbatch_args or []), str(script)],
-                             capture_output=True, text=True, timeout=60, check=False,
-                             env=env)  # fmt: skip
+        out = subprocess.run(
+            ["sbatch", "--parsable", *(sbatch_args or []), str(script)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=env,
+        )
     except FileNotFoundError:
         raise HpcparError("jobs: sbatch not found (not on a Slurm machine?)") from None
     if out.returncode != 0:
@@ -190,8 +204,11 @@ def job_outcome(job: str, env: dict[str, str] | None = None) -> dict[str, Any] |
     if info is None or info.get("JobState") in UNFINISHED:
         return None
     code = info.get("ExitCode", "-1:0").split(":")
-    return {"state": info.get("JobState", "UNKNOWN"), "exit_code": int(code[0]),
-            "log": info.get("StdOut")}  # fmt: skip
+    return {
+        "state": info.get("JobState", "UNKNOWN"),
+        "exit_code": int(code[0]),
+        "log": info.get("StdOut"),
+    }
 
 
 def _job_info(job: str, env: dict[str, str] | None = None) -> dict[str, str] | None:
@@ -201,8 +218,14 @@ def _job_info(job: str, env: dict[str, str] | None = None) -> dict[str, str] | N
     again later).
     """
     try:
-        out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True,
-                             timeout=30, check=False, env=env)  # fmt: skip
+        out = subprocess.run(
+            ["scontrol", "show", "job", job],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            env=env,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -256,9 +279,17 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
         print(f"job {res['job']} {word}; log: {res['log']}")
         return 0 if ok else 1
     extra = args.app_args[1:] if args.app_args[:1] == ["--"] else args.app_args
-    text = render_sbatch(args.app, args.nodes, args.ppn, cpus_per_task=args.cpus_per_task,
-                         time_limit=args.time, partition=args.partition, launcher=args.launcher,
-                         output=args.log, app_args=extra)  # fmt: skip
+    text = render_sbatch(
+        args.app,
+        args.nodes,
+        args.ppn,
+        cpus_per_task=args.cpus_per_task,
+        time_limit=args.time,
+        partition=args.partition,
+        launcher=args.launcher,
+        output=args.log,
+        app_args=extra,
+    )
     if args.output:
         Path(args.output).write_text(text)
         Path(args.output).chmod(0o755)

@@ -142,19 +142,38 @@ def run_points(config: dict[str, Any], todo: Todo, done: Say) -> None:
             p = point["params"]
             if where == "vcluster":
                 ppn = int(p["ranks"]) // config["vcluster"]["nodes"]
-                argv = [_hpcpar(), "vcluster", "run", "--ppn", str(ppn),
-                        "--timeout", str(config["timeout"])]  # fmt: skip
+                argv = [
+                    _hpcpar(),
+                    "vcluster",
+                    "run",
+                    "--ppn",
+                    str(ppn),
+                    "--timeout",
+                    str(config["timeout"]),
+                ]
             else:
                 argv = [_hpcpar(), "launch", "-n", str(p["ranks"]), *_launch_options(config, p)]
             argv += ["--", *command]
             t0 = time.time()
             with open(folder / "log.txt", "w") as log:
-                code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT,
-                                      check=False).returncode  # fmt: skip
-            done(point, _finish(folder, {
-                "status": "ok" if code == 0 else "failed", "exit_code": code,
-                "seconds": time.time() - t0, "params": p, "argv": argv, "where": where,
-                "log": str(folder / "log.txt")}))  # fmt: skip
+                code = subprocess.run(
+                    argv, stdout=log, stderr=subprocess.STDOUT, check=False
+                ).returncode
+            done(
+                point,
+                _finish(
+                    folder,
+                    {
+                        "status": "ok" if code == 0 else "failed",
+                        "exit_code": code,
+                        "seconds": time.time() - t0,
+                        "params": p,
+                        "argv": argv,
+                        "where": where,
+                        "log": str(folder / "log.txt"),
+                    },
+                ),
+            )
 
 
 @contextmanager
@@ -185,26 +204,34 @@ exit $status
 """
 
 
-def slurm_script(config: dict[str, Any], point: dict[str, Any], folder: Path,
-                 command: list[str]) -> str:  # fmt: skip
+def slurm_script(
+    config: dict[str, Any], point: dict[str, Any], folder: Path, command: list[str]
+) -> str:
     """The batch script of one point (see the module docstring)."""
     sl, p, ranks = config["slurm"], point["params"], int(point["params"]["ranks"])
     extra = []
     if sl.get("partition"):
         extra.append(f"#SBATCH --partition={sl['partition']}")
     if sl.get("ppn"):
-        extra += [f"#SBATCH --nodes={math.ceil(ranks / sl['ppn'])}",
-                  f"#SBATCH --ntasks-per-node={min(sl['ppn'], ranks)}"]  # fmt: skip
+        extra += [
+            f"#SBATCH --nodes={math.ceil(ranks / sl['ppn'])}",
+            f"#SBATCH --ntasks-per-node={min(sl['ppn'], ranks)}",
+        ]
     minutes = math.ceil(config["timeout"] / 60) + 2  # the launch's own timeout fires first
     options = shlex.join(_launch_options(config, p))
     launch = f'{shlex.quote(_hpcpar())} launch -n "$SLURM_NTASKS" {options}'
     return _SCRIPT.format(
-        name=config["name"], point=point["id"], ranks=ranks, log=folder / "log.txt",
+        name=config["name"],
+        point=point["id"],
+        ranks=ranks,
+        log=folder / "log.txt",
         time=sl.get("time") or f"{minutes // 60:02d}:{minutes % 60:02d}:00",
-        extra="\n".join(extra), launch=launch,
-        launcher=sl["launcher"], command=shlex.join(command),
+        extra="\n".join(extra),
+        launch=launch,
+        launcher=sl["launcher"],
+        command=shlex.join(command),
         wall=shlex.quote(str(folder / "wall.txt")),
-    )  # fmt: skip
+    )
 
 
 def _run_slurm(config: dict[str, Any], todo: Todo, done: Say) -> None:
@@ -224,8 +251,16 @@ def _run_slurm(config: dict[str, Any], todo: Todo, done: Say) -> None:
         for stale in ("wall.txt", "log.txt"):
             (folder / stale).unlink(missing_ok=True)
         job = submit(script, sbatch_args=[f"--chdir={os.getcwd()}", *sl["sbatch_args"]])["job"]
-        _finish(folder, {"status": "submitted", "job": job, "params": point["params"],
-                         "where": "slurm", "log": str(folder / "log.txt")})  # fmt: skip
+        _finish(
+            folder,
+            {
+                "status": "submitted",
+                "job": job,
+                "params": point["params"],
+                "where": "slurm",
+                "log": str(folder / "log.txt"),
+            },
+        )
         jobs[point["id"]] = (point, folder, job)
     deadline = time.monotonic() + float(sl["wait"])
     pause = 1.0  # grows while nothing ends (up to 30 s): a long queue is not polled hard
@@ -248,8 +283,9 @@ def _run_slurm(config: dict[str, Any], todo: Todo, done: Say) -> None:
             time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
 
 
-def _slurm_status(point: dict[str, Any], folder: Path, job: str,
-                  outcome: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def _slurm_status(
+    point: dict[str, Any], folder: Path, job: str, outcome: dict[str, Any]
+) -> dict[str, Any]:
     """A finished job's status: Slurm's state and exit code, the script's own wall time."""
     try:
         t0, t1, code = (folder / "wall.txt").read_text().split()
@@ -259,6 +295,13 @@ def _slurm_status(point: dict[str, Any], folder: Path, job: str,
     if outcome["state"] not in ("COMPLETED", "FAILED", "UNKNOWN"):
         exit_code = outcome["exit_code"] if outcome["exit_code"] else -1  # TIMEOUT, CANCELLED
     ok = exit_code == 0 and outcome["state"] in ("COMPLETED", "UNKNOWN") and seconds is not None
-    return {"status": "ok" if ok else "failed", "exit_code": exit_code, "seconds": seconds,
-            "params": point["params"], "where": "slurm", "job": job,
-            "slurm_state": outcome["state"], "log": str(folder / "log.txt")}  # fmt: skip
+    return {
+        "status": "ok" if ok else "failed",
+        "exit_code": exit_code,
+        "seconds": seconds,
+        "params": point["params"],
+        "where": "slurm",
+        "job": job,
+        "slurm_state": outcome["state"],
+        "log": str(folder / "log.txt"),
+    }

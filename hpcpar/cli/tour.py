@@ -62,8 +62,13 @@ def _explain(comm: Any, h: Any, folder: Path, say: Any) -> Step:
     ok = all_true(comm, bool(np.all(got == n * (n + 1) / 2)))
     if comm.Get_rank() == 0:
         (folder / "explain.txt").write_text(str(plan) + "\n")
-    return Step("collective + explain", ok, f"allreduce 1 MiB: {plan.algorithm}",
-                time.perf_counter() - start, ["explain.txt"])  # fmt: skip
+    return Step(
+        "collective + explain",
+        ok,
+        f"allreduce 1 MiB: {plan.algorithm}",
+        time.perf_counter() - start,
+        ["explain.txt"],
+    )
 
 
 def all_true(comm: Any, ok: bool) -> bool:
@@ -92,15 +97,20 @@ def tour(comm: Any, h: Any, folder: Path, say: Any) -> list[Step]:
         step = registered.run(comm, h, folder, say)
         present = [f for f in step.files if (folder / f).exists()] if comm.Get_rank() == 0 else None
         step.files = comm.bcast(present, root=0)  # plots only where matplotlib is installed
-        say(f"  {'ok    ' if step.ok else 'FAILED'}  {step.name}: {step.figure} "
-            f"({step.seconds:.1f} s)", flush=True)  # fmt: skip
+        say(
+            f"  {'ok    ' if step.ok else 'FAILED'}  {step.name}: {step.figure} "
+            f"({step.seconds:.1f} s)",
+            flush=True,
+        )
         steps.append(step)
     say(f"\n{'step':<22} {'result':<7} {'seconds':>8}  files (in {folder})")
     for s in steps:
         say(f"{s.name:<22} {'ok' if s.ok else 'FAILED':<7} {s.seconds:8.1f}  {', '.join(s.files)}")
     if comm.Get_rank() == 0:
-        doc = [{"step": s.name, "ok": s.ok, "figure": s.figure, "seconds": s.seconds,
-                "files": s.files} for s in steps]  # fmt: skip
+        doc = [
+            {"step": s.name, "ok": s.ok, "figure": s.figure, "seconds": s.seconds, "files": s.files}
+            for s in steps
+        ]
         (folder / "tour.json").write_text(json.dumps(doc, indent=2) + "\n")
     return steps
 

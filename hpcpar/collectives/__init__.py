@@ -19,9 +19,23 @@ from .names import COLLECTIVES
 _PUBLIC: dict[str, str | None] = {
     **dict.fromkeys(
         (
-            "allreduce", "reduce", "bcast", "allgather", "reduce_scatter", "alltoall",
-            "alltoallv", "barrier", "iallreduce", "ireduce", "ibcast", "iallgather",
-            "ireduce_scatter", "ialltoall", "ialltoallv", "ibarrier", "last_stats",
+            "allreduce",
+            "reduce",
+            "bcast",
+            "allgather",
+            "reduce_scatter",
+            "alltoall",
+            "alltoallv",
+            "barrier",
+            "iallreduce",
+            "ireduce",
+            "ibcast",
+            "iallgather",
+            "ireduce_scatter",
+            "ialltoall",
+            "ialltoallv",
+            "ibarrier",
+            "last_stats",
         ),
         ".api",
     ),
@@ -39,7 +53,7 @@ _PUBLIC: dict[str, str | None] = {
     "CollectiveError": ".errors",
     "CollectiveMismatchError": ".errors",
     "OpError": ".ops",
-}  # fmt: skip
+}
 
 __all__ = list(_PUBLIC)
 

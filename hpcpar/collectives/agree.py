@@ -78,8 +78,9 @@ def agree(comm: Any) -> None:
         for rank, seen in enumerate(every):
             groups.setdefault(seen.get(name, "unset"), []).append(rank)
         if len(groups) > 1:
-            detail = "; ".join(f"{value} on rank(s) {format_ranks(ranks)}"
-                               for value, ranks in groups.items())  # fmt: skip
+            detail = "; ".join(
+                f"{value} on rank(s) {format_ranks(ranks)}" for value, ranks in groups.items()
+            )
             raise CollectiveMismatchError(
                 f"ranks run with different {name}: {detail} (every rank must see the same "
                 "value, or each would choose its own algorithm)"

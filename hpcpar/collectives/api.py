@@ -99,17 +99,23 @@ def _begin(
         chosen, reason, problem = None, "", str(exc)
     if checking():
         runs = chosen.name if chosen is not None else f"none ({problem})"
-        check_same(state.private, collective, algorithm=runs, op=op.name if op else None,
-                   **check)  # fmt: skip
+        check_same(state.private, collective, algorithm=runs, op=op.name if op else None, **check)
         if chosen is None:
             raise CollectiveError(problem)
     call = open_call(state, collective, chosen.name, nbytes, blocking)
     call.stats.steps.append(reason)
     # frames up to the public function: _begin, _prepare_*, _complete or _request, it
-    call.flight = flight.enter(state.label, state._sequence - 1,
-                               collective if blocking else f"i{collective}", chosen.name,
-                               check.get("count", check.get("counts")), check.get("dtype"),
-                               op, check.get("root"), depth=4)  # fmt: skip
+    call.flight = flight.enter(
+        state.label,
+        state._sequence - 1,
+        collective if blocking else f"i{collective}",
+        chosen.name,
+        check.get("count", check.get("counts")),
+        check.get("dtype"),
+        op,
+        check.get("root"),
+        depth=4,
+    )
     if guard.ENABLED[0]:  # the always-on mismatch guard (guard.py)
         mark = guard.signature(collective, chosen.name, op.name if op else None, check)
         state.guard_sum = guard.fold(state.guard_sum, mark, state._sequence)

@@ -104,17 +104,31 @@ def tuned_algorithm(
     state = state_for(comm)
     rop = resolve_op(op, np.dtype(x.dtype))
     profile = active_profile()
-    key = ("allreduce", int(x.nbytes).bit_length(), np.dtype(x.dtype).str, rop.commutative,
-           profile.name if profile else None)  # fmt: skip
+    key = (
+        "allreduce",
+        int(x.nbytes).bit_length(),
+        np.dtype(x.dtype).str,
+        rop.commutative,
+        profile.name if profile else None,
+    )
     if key in state.tuned:
         state.tuned_quick[quick] = state.tuned[key]
         return state.tuned[key]
-    plan = plan_for("allreduce", int(x.nbytes), Layout(tuple(state.node_of)), profile,
-                    itemsize=x.itemsize, commutative=rop.commutative,
-                    calibrated_only=False)  # fmt: skip
+    plan = plan_for(
+        "allreduce",
+        int(x.nbytes),
+        Layout(tuple(state.node_of)),
+        profile,
+        itemsize=x.itemsize,
+        commutative=rop.commutative,
+        calibrated_only=False,
+    )
     table = ALGORITHMS["allreduce"]
-    others = [p.algorithm for p in plan.ranking if p.algorithm != LIBRARY
-              and valid_for(table[p.algorithm], rop, state) is None]  # fmt: skip
+    others = [
+        p.algorithm
+        for p in plan.ranking
+        if p.algorithm != LIBRARY and valid_for(table[p.algorithm], rop, state) is None
+    ]
     candidates = [LIBRARY, *others[:CANDIDATES]]
     scratch = x.copy()
     mine = [

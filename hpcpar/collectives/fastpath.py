@@ -69,8 +69,14 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
             if flag is not None and flag.strip().lower() not in _OFF:
                 return None
         # auto's choice depends on the size, the element size and three variables
-        key: tuple[Any, ...] = (x.nbytes, x.dtype, id(op), get(_ALGORITHM), get(_RULES),
-                                get(_PROFILE))  # fmt: skip
+        key: tuple[Any, ...] = (
+            x.nbytes,
+            x.dtype,
+            id(op),
+            get(_ALGORITHM),
+            get(_RULES),
+            get(_PROFILE),
+        )
     elif algorithm == LIBRARY:
         key = (x.nbytes, x.dtype, id(op))
     else:
@@ -123,8 +129,9 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
 def _signature(x: np.ndarray, op: Any) -> int:
     """The guard's signature of this call: the general path's for the same call."""
     name = resolve_op(op, x.dtype).name
-    return signature("allreduce", LIBRARY, name, {"count": x.size, "dtype": x.dtype.str,
-                                                  "reproducible": False})  # fmt: skip
+    return signature(
+        "allreduce", LIBRARY, name, {"count": x.size, "dtype": x.dtype.str, "reproducible": False}
+    )
 
 
 def _decide(state: Any, x: np.ndarray, op: Any, algorithm: str) -> Any:

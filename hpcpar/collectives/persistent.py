@@ -54,21 +54,24 @@ class PersistentAllreduce:
             out = np.empty_like(x)
         else:
             check_out(out, tuple(data.shape), data.dtype)
-        chosen, self.reason = choose("allreduce", algorithm, rop, state, data.nbytes,
-                                     data.itemsize)  # fmt: skip
+        chosen, self.reason = choose("allreduce", algorithm, rop, state, data.nbytes, data.itemsize)
         self.algorithm = chosen.name
         self.x, self.out, self._op, self._comm, self._state = x, out, op, comm, state
         self._entry: Any = None  # its flight-record entry (a run of starts)
         self._running: Any = None
         self._freed = False
         self._request: Any = None
-        self._mpi_op = mpi_library.native_mpi_op(op, data.dtype) if (
-            chosen.name == LIBRARY
-            and type(x) is np.ndarray
-            and type(out) is np.ndarray
-            and x.flags.c_contiguous
-            and out.flags.c_contiguous
-        ) else None  # fmt: skip
+        self._mpi_op = (
+            mpi_library.native_mpi_op(op, data.dtype)
+            if (
+                chosen.name == LIBRARY
+                and type(x) is np.ndarray
+                and type(out) is np.ndarray
+                and x.flags.c_contiguous
+                and out.flags.c_contiguous
+            )
+            else None
+        )
         self._library = self._mpi_op is not None
         if self._library:  # bound: the library's persistent request or its blocking call
             self._request = self._faster_library_call()
@@ -80,8 +83,9 @@ class PersistentAllreduce:
         if self._running is not None:
             raise CollectiveError("persistent allreduce: start() again before wait()")
         if not self._library:
-            self._running = iallreduce(self.x, self._op, out=self.out, comm=self._comm,
-                                       algorithm=self.algorithm)  # fmt: skip
+            self._running = iallreduce(
+                self.x, self._op, out=self.out, comm=self._comm, algorithm=self.algorithm
+            )
             return
         seq = self._state._sequence
         self._state.next_tag()  # the same tag sequence as a plain call
@@ -105,8 +109,17 @@ class PersistentAllreduce:
             entry[CALLS] += 1
             flight.CURRENT[0] = entry
             return
-        self._entry = flight.enter(self._state.label, seq, "allreduce (persistent)", LIBRARY,
-                                   self.x.size, self.x.dtype, self._op, None, depth=2)  # fmt: skip
+        self._entry = flight.enter(
+            self._state.label,
+            seq,
+            "allreduce (persistent)",
+            LIBRARY,
+            self.x.size,
+            self.x.dtype,
+            self._op,
+            None,
+            depth=2,
+        )
 
     def wait(self) -> Any:
         """Finish the allreduce ``start()`` began; returns ``out``."""
@@ -159,8 +172,10 @@ class PersistentAllreduce:
         # the blocking call is what every other path uses: the request must beat it clearly
         use = persistent_s < (1 - PERSISTENT_MARGIN) * blocking_s
         kept = "persistent request" if use else "blocking call"
-        self.reason += (f"; bound to the library's {kept} (persistent {persistent_s * 1e6:.1f}"
-                        f" us, blocking {blocking_s * 1e6:.1f} us per call)")  # fmt: skip
+        self.reason += (
+            f"; bound to the library's {kept} (persistent {persistent_s * 1e6:.1f}"
+            f" us, blocking {blocking_s * 1e6:.1f} us per call)"
+        )
         if use:
             return request
         request.Free()

@@ -145,8 +145,9 @@ def expand(kernels: list[Kernel]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """
     live = [k for k in kernels if not k.empty]
     flat = [k for k in live if len(k.dims) <= 1]
-    fields = np.array([(k.src, k.dst, k.size, *(k.dims[0] if k.dims else (1, 0, 0)))
-                       for k in flat], np.int64).reshape(-1, 6)  # fmt: skip
+    fields = np.array(
+        [(k.src, k.dst, k.size, *(k.dims[0] if k.dims else (1, 0, 0))) for k in flat], np.int64
+    ).reshape(-1, 6)
     src, dst, size, count, src_stride, dst_stride = fields.T
     step = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
     sources = [np.repeat(src, count) + step * np.repeat(src_stride, count)]

@@ -51,8 +51,9 @@ def _blocks(
         # blocks of a dense type (named, contiguous): each block one plain block, made
         # directly (as replicate would, without its rewriting per block)
         start = plain.offset
-        out = [Strided(start + d, n * extent) for n, d in zip(lengths, displacements, strict=True)
-               if n]  # fmt: skip
+        out = [
+            Strided(start + d, n * extent) for n, d in zip(lengths, displacements, strict=True) if n
+        ]
         return canonical(tuple(out))
     for length, displacement in zip(lengths, displacements, strict=True):
         out.extend(shift(replicate(old_items, length, extent), displacement))

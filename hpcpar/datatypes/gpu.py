@@ -164,9 +164,17 @@ def _run_blocks(
     if key not in p._memo:
         p._memo[key] = cupy.asarray(at, cupy.int64)
     step = p.extent if count > 1 else 0
-    word = next(w for w in (8, 4, 2, 1)
-                if not (piece % w or blocks.unit % w or step % w
-                        or (user.data.ptr + origin) % w or packed.data.ptr % w))  # fmt: skip
+    word = next(
+        w
+        for w in (8, 4, 2, 1)
+        if not (
+            piece % w
+            or blocks.unit % w
+            or step % w
+            or (user.data.ptr + origin) % w
+            or packed.data.ptr % w
+        )
+    )
     nwords = piece // word
     total = nwords * at.size * count
     if total == 0:
@@ -270,11 +278,27 @@ def _copy_2d(p: Plan, area: Any, origin: int, host: np.ndarray, stream: Any, to_
     if width:
         device, runtime = area.data.ptr + origin + start, cupy.cuda.runtime
         if to_host:
-            runtime.memcpy2DAsync(host.ctypes.data, width, device, pitch, width, rows,
-                                  runtime.memcpyDeviceToHost, stream.ptr)  # fmt: skip
+            runtime.memcpy2DAsync(
+                host.ctypes.data,
+                width,
+                device,
+                pitch,
+                width,
+                rows,
+                runtime.memcpyDeviceToHost,
+                stream.ptr,
+            )
         else:
-            runtime.memcpy2DAsync(device, pitch, host.ctypes.data, width, width, rows,
-                                  runtime.memcpyHostToDevice, stream.ptr)  # fmt: skip
+            runtime.memcpy2DAsync(
+                device,
+                pitch,
+                host.ctypes.data,
+                width,
+                width,
+                rows,
+                runtime.memcpyHostToDevice,
+                stream.ptr,
+            )
     return True
 
 

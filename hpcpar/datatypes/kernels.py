@@ -54,17 +54,26 @@ class Kernel:
         Whether the buffers' addresses allow a word is checked on the views themselves
         (numpy's ``aligned`` flag), which is cheaper than reading the addresses.
         """
-        fits = [w for w in (8, 4, 2)
-                if not (self.size % w or self.src % w or self.dst % w)
-                and all(s % w == 0 and d % w == 0 for _, s, d in self.dims)]  # fmt: skip
+        fits = [
+            w
+            for w in (8, 4, 2)
+            if not (self.size % w or self.src % w or self.dst % w)
+            and all(s % w == 0 and d % w == 0 for _, s, d in self.dims)
+        ]
         return (*fits, 1)
 
     @functools.cached_property
     def shapes(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
         """Per word size: (shape, source strides, packed strides) of the two views."""
         counts = tuple(c for c, _, _ in self.dims)
-        return {w: ((*counts, self.size // w), (*(s for _, s, _ in self.dims), w),
-                    (*(d for _, _, d in self.dims), w)) for w in self.words}  # fmt: skip
+        return {
+            w: (
+                (*counts, self.size // w),
+                (*(s for _, s, _ in self.dims), w),
+                (*(d for _, _, d in self.dims), w),
+            )
+            for w in self.words
+        }
 
 
 def flatten(
@@ -138,8 +147,10 @@ def copy_kernels(
         ops = [(np.copyto, flat, user) if pack else (np.copyto, user, flat)]
     else:
         once = keys is None  # buffers used once: nothing is replayed
-        ops = [copy_op(flat, user, once=once) if pack else copy_op(user, flat, once=once)
-               for user, flat in _views(kernels, unpacked, packed, origin, keys)]  # fmt: skip
+        ops = [
+            copy_op(flat, user, once=once) if pack else copy_op(user, flat, once=once)
+            for user, flat in _views(kernels, unpacked, packed, origin, keys)
+        ]
     run_copies(ops)
     return ops
 

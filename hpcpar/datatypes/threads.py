@@ -31,8 +31,9 @@ _LOCAL_RANKS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE
 
 def local_ranks() -> int:
     """The ranks the launcher says share this node (Hydra, Open MPI, PMI), else 1."""
-    return next((int(v) for v in map(os.environ.get, _LOCAL_RANKS)
-                 if v and v.isdigit() and int(v) >= 1), 1)  # fmt: skip
+    return next(
+        (int(v) for v in map(os.environ.get, _LOCAL_RANKS) if v and v.isdigit() and int(v) >= 1), 1
+    )
 
 
 _thread_count: list[int] = []
@@ -69,8 +70,10 @@ def copy_array(dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src)
         return
     flat_dst, flat_src = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
-    cuts = [min(flat_dst.size, (flat_dst.size * i // copy_threads()) // 64 * 64)
-            for i in range(copy_threads())] + [flat_dst.size]  # fmt: skip
+    cuts = [
+        min(flat_dst.size, (flat_dst.size * i // copy_threads()) // 64 * 64)
+        for i in range(copy_threads())
+    ] + [flat_dst.size]
     _on_threads(np.copyto, flat_dst, flat_src, cuts)
 
 

@@ -36,9 +36,15 @@ from pathlib import Path
 from typing import IO
 
 __all__ = [
-    "ENV", "EARLY_EXIT", "Departures", "ended", "faults", "mark_ended", "mark_started",
+    "ENV",
+    "EARLY_EXIT",
+    "Departures",
+    "ended",
+    "faults",
+    "mark_ended",
+    "mark_started",
     "unfinished",
-]  # fmt: skip
+]
 
 ENV = "HPCPAR_EXIT_DIR"
 SOCKET = "departures.sock"  # in the folder: each rank's connection ends when it does
@@ -173,8 +179,7 @@ class Departures:
         self._path = folder / SOCKET
         self._server: socket.socket | None = None
         self._wake_r, self._wake_w = socket.socketpair()
-        self._thread = threading.Thread(target=self._watch, name="hpcpar-departures",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(target=self._watch, name="hpcpar-departures", daemon=True)
 
     def __enter__(self) -> Departures:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

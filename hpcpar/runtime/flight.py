@@ -56,8 +56,20 @@ _MASK = SLOTS - 1
 
 # An entry is a list (cheaper to make and update than an object), indexed by:
 COMM, SEQ, OPERATION, ALGORITHM, COUNT, DTYPE, OP, ROOT, SITE, START, END, CALLS = range(12)
-FIELDS = ("comm", "seq", "operation", "algorithm", "count", "dtype", "op", "root",
-          "site", "start", "end", "calls")  # fmt: skip
+FIELDS = (
+    "comm",
+    "seq",
+    "operation",
+    "algorithm",
+    "count",
+    "dtype",
+    "op",
+    "root",
+    "site",
+    "start",
+    "end",
+    "calls",
+)
 
 RING: list[list[Any] | None] = [None] * SLOTS
 AT = [0]  # entries made so far; the next goes to RING[AT[0] & _MASK]
@@ -160,8 +172,20 @@ def enter(
         if current:
             CURRENT[0] = last
         return last
-    entry = [comm, seq, operation, algorithm, count, dtype, op, root, call_site(depth + 2),
-             time.time(), None, 1]  # fmt: skip
+    entry = [
+        comm,
+        seq,
+        operation,
+        algorithm,
+        count,
+        dtype,
+        op,
+        root,
+        call_site(depth + 2),
+        time.time(),
+        None,
+        1,
+    ]
     RING[AT[0] & _MASK] = entry
     AT[0] += 1
     LAST[0], LAST[1] = key, entry
@@ -178,8 +202,20 @@ def setting_up(what: str, depth: int = 1) -> list[Any] | None:
     """
     previous = CURRENT[0]
     if RECORDING[0]:
-        CURRENT[0] = [what, 0, "set-up", "", None, None, None, None, call_site(depth + 2),
-                      time.time(), None, 1]  # fmt: skip
+        CURRENT[0] = [
+            what,
+            0,
+            "set-up",
+            "",
+            None,
+            None,
+            None,
+            None,
+            call_site(depth + 2),
+            time.time(),
+            None,
+            1,
+        ]
     return previous
 
 
@@ -190,8 +226,21 @@ def fast_entry(decided: Any, state: Any, operation: str, x: Any, op: Any) -> lis
     sequence (``state._sequence``, or the next entry on it) when the record is read.
     """
     # the frames in between: this one, fast_allreduce and hpcpar.allreduce
-    entry = [state.label, state._sequence, operation, "mpi", x.size, x.dtype, op, None,
-             call_site(4), time.time(), None, None, state]  # fmt: skip
+    entry = [
+        state.label,
+        state._sequence,
+        operation,
+        "mpi",
+        x.size,
+        x.dtype,
+        op,
+        None,
+        call_site(4),
+        time.time(),
+        None,
+        None,
+        state,
+    ]
     RING[AT[0] & _MASK] = entry
     AT[0] += 1
     LAST[0], LAST[1] = decided, entry
@@ -230,8 +279,18 @@ def point(
     seq = _COUNTS.get(channel, 0)
     _COUNTS[channel] = seq + 1
     count = getattr(data, "size", data)
-    return enter(channel, seq, operation, "", count, getattr(data, "dtype", None), None, peer,
-                 depth + 1, current)  # fmt: skip
+    return enter(
+        channel,
+        seq,
+        operation,
+        "",
+        count,
+        getattr(data, "dtype", None),
+        None,
+        peer,
+        depth + 1,
+        current,
+    )
 
 
 def leave(entry: list[Any] | None) -> None:
@@ -240,8 +299,22 @@ def leave(entry: list[Any] | None) -> None:
         entry[END] = time.time()
 
 
-_MPI_OPS = ("SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
-            "MINLOC", "MAXLOC", "REPLACE", "NO_OP")  # fmt: skip
+_MPI_OPS = (
+    "SUM",
+    "PROD",
+    "MIN",
+    "MAX",
+    "LAND",
+    "LOR",
+    "LXOR",
+    "BAND",
+    "BOR",
+    "BXOR",
+    "MINLOC",
+    "MAXLOC",
+    "REPLACE",
+    "NO_OP",
+)
 
 
 def _name(value: Any) -> Any:

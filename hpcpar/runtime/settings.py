@@ -25,9 +25,20 @@ from typing import Any
 from ..errors import UsageError
 
 __all__ = [
-    "TRUE_WORDS", "FALSE_WORDS", "Setting", "TABLE", "lookup", "value", "flag", "flag_of", "is_set",
-    "raw_key", "check", "unknown", "markdown_table",
-]  # fmt: skip
+    "TRUE_WORDS",
+    "FALSE_WORDS",
+    "Setting",
+    "TABLE",
+    "lookup",
+    "value",
+    "flag",
+    "flag_of",
+    "is_set",
+    "raw_key",
+    "check",
+    "unknown",
+    "markdown_table",
+]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -83,8 +94,12 @@ def _choice(*words: str) -> Callable[[str, str], str]:
 
 
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
-    "flag": _flag, "seconds": _seconds, "count": _count, "text": _text, "path": _text,
-}  # fmt: skip
+    "flag": _flag,
+    "seconds": _seconds,
+    "count": _count,
+    "text": _text,
+    "path": _text,
+}
 
 
 @dataclass(frozen=True)
@@ -107,76 +122,224 @@ class Setting:
 
 
 TABLE: tuple[Setting, ...] = (
-    Setting("HPCPAR_LAYOUT", "text", None, START, True,
-            "virtual node layout when none is given (`ppn:2`, `nodes:3,1`, `roundrobin:2`); "
-            "collectives on a plain communicator read it when hpcpar first uses that "
-            "communicator"),
-    Setting("HPCPAR_TIMEOUT", "seconds", None, LAUNCH, False,
-            "default `hpcpar launch --timeout`, in seconds"),
-    Setting("HPCPAR_MPIEXEC", "path", None, LAUNCH, False,
-            "the `mpiexec` `hpcpar launch` uses, overriding the search"),
-    Setting("HPCPAR_LAUNCHER", "choice", "auto", LAUNCH, False,
-            "default `hpcpar launch --launcher`", ("auto", "mpiexec", "srun")),
-    Setting("HPCPAR_SRUN_MPI", "text", None, LAUNCH, False,
-            "the `srun --mpi=` plugin (default `pmi2`, or `pmix` for Open MPI)"),
-    Setting("HPCPAR_LOG_LEVEL", "text", None, START, False,
-            "log level on every rank (a name such as `DEBUG`, or a number)"),
-    Setting("HPCPAR_ABORT_ON_ERROR", "flag", "1", START, False,
-            "`0` keeps Python's exception behaviour (default `1`: an uncaught exception "
-            "aborts the job)"),
-    Setting("HPCPAR_WATCHDOG", "seconds", None, START, False,
-            "seconds a rank may wait in one call before the watchdog reports every rank's "
-            "state and ends the job with status 4 (`hpcpar launch --watchdog S` sets it; "
-            "[Troubleshooting](troubleshooting.md#a-job-hangs))"),
-    Setting("HPCPAR_WATCHDOG_ACTION", "choice", "abort", START, False,
-            "`abort` (default) or `report`: print the report and let the job go on",
-            ("abort", "report")),
-    Setting("HPCPAR_TRACE", "path", None, IMPORT, False,
-            "a folder: every rank records each call and writes `rank<R>.json` there at "
-            "exit, for `hpcpar trace` ([Troubleshooting](troubleshooting.md#tracing-a-job))"),
-    Setting("HPCPAR_FLIGHT", "flag", "1", IMPORT, False,
-            "`0` turns the flight record off (default on: each rank keeps its last 512 "
-            "calls, [Troubleshooting](troubleshooting.md))"),
-    Setting("HPCPAR_CHECK", "flag", "0", CALL, True,
-            "`1` checks every collective's arguments across ranks (one small allgather a "
-            "call)"),
-    Setting("HPCPAR_COPY_THREADS", "count", None, START, False,
-            "threads for one large copy (packing, checkpoint snapshots); default: the "
-            "cores this rank may use divided by the ranks on its node"),
-    Setting("HPCPAR_AUTOTUNE", "flag", "0", CALL, True,
-            "`1`: `auto` allreduce times its best candidates on the first call of each "
-            "size class and keeps the fastest"),
-    Setting("HPCPAR_ALGORITHM_", "text", None, CALL, True,
-            "the algorithm `auto` uses for that collective, e.g. "
-            "`HPCPAR_ALGORITHM_ALLREDUCE=ring`"),
-    Setting("HPCPAR_PROFILE", "path", None, CALL, True,
-            "machine profile (JSON from `hpcpar calibrate`) that `auto` and `explain` "
-            "use; ranks compare its content"),
-    Setting("HPCPAR_RULES", "path", None, CALL, True,
-            "a rules file of fixed algorithm choices by size, ranks and nodes, ahead of "
-            "the model; ranks compare its content"),
-    Setting("HPCPAR_SEGMENT_BYTES", "count", "262144", CALL, True,
-            "segment size of the `pipelined` algorithms, in bytes (default 256 KiB)"),
-    Setting("HPCPAR_VCLUSTER_DIR", "path", "/run/hpcpar-vcluster", CALL, False,
-            "where `vcluster` keeps its state and launcher wrapper"),
-    Setting("HPCPAR_CHECKPOINT_FAULT", "text", None, CALL, False,
-            "inject a fault into checkpoint saves: `kill=PHASE` or `enospc=LEVEL`, with "
-            "`step=`, `rank=`, `level=` ([Checkpointing](checkpointing.md))"),
-    Setting("HPCPAR_EXIT_DIR", "path", None, START, False,
-            "set by `hpcpar launch` for the job: where ranks mark that they started and "
-            "exited normally, and where `faulthandler` writes a rank's fatal signal "
-            "(unless the program enabled faulthandler itself)"),
-    Setting("HPCPAR_RESULTS", "path", "results", JOBS, False,
-            "where the batch scripts of `hpcpar jobs` (and `jobs/slurm/*.sbatch`) write "
-            "their results"),
-    Setting("HPCPAR_NO_GPU", "flag", "0", TESTS, False,
-            "tests: `1` skips the GPU tests even where a GPU is found"),
-    Setting("HPCPAR_TEST_GRACE", "seconds", "15", TESTS, False,
-            "tests: seconds a rank whose test failed waits for the others"),
-    Setting("HPCPAR_RELIABILITY_DIR", "path", None, TESTS, False,
-            "tests: where each pytest session writes its reliability tallies "
-            "(`python3 dev.py test` sets it and prints the totals)"),
-)  # fmt: skip
+    Setting(
+        "HPCPAR_LAYOUT",
+        "text",
+        None,
+        START,
+        True,
+        "virtual node layout when none is given (`ppn:2`, `nodes:3,1`, `roundrobin:2`); "
+        "collectives on a plain communicator read it when hpcpar first uses that "
+        "communicator",
+    ),
+    Setting(
+        "HPCPAR_TIMEOUT",
+        "seconds",
+        None,
+        LAUNCH,
+        False,
+        "default `hpcpar launch --timeout`, in seconds",
+    ),
+    Setting(
+        "HPCPAR_MPIEXEC",
+        "path",
+        None,
+        LAUNCH,
+        False,
+        "the `mpiexec` `hpcpar launch` uses, overriding the search",
+    ),
+    Setting(
+        "HPCPAR_LAUNCHER",
+        "choice",
+        "auto",
+        LAUNCH,
+        False,
+        "default `hpcpar launch --launcher`",
+        ("auto", "mpiexec", "srun"),
+    ),
+    Setting(
+        "HPCPAR_SRUN_MPI",
+        "text",
+        None,
+        LAUNCH,
+        False,
+        "the `srun --mpi=` plugin (default `pmi2`, or `pmix` for Open MPI)",
+    ),
+    Setting(
+        "HPCPAR_LOG_LEVEL",
+        "text",
+        None,
+        START,
+        False,
+        "log level on every rank (a name such as `DEBUG`, or a number)",
+    ),
+    Setting(
+        "HPCPAR_ABORT_ON_ERROR",
+        "flag",
+        "1",
+        START,
+        False,
+        "`0` keeps Python's exception behaviour (default `1`: an uncaught exception "
+        "aborts the job)",
+    ),
+    Setting(
+        "HPCPAR_WATCHDOG",
+        "seconds",
+        None,
+        START,
+        False,
+        "seconds a rank may wait in one call before the watchdog reports every rank's "
+        "state and ends the job with status 4 (`hpcpar launch --watchdog S` sets it; "
+        "[Troubleshooting](troubleshooting.md#a-job-hangs))",
+    ),
+    Setting(
+        "HPCPAR_WATCHDOG_ACTION",
+        "choice",
+        "abort",
+        START,
+        False,
+        "`abort` (default) or `report`: print the report and let the job go on",
+        ("abort", "report"),
+    ),
+    Setting(
+        "HPCPAR_TRACE",
+        "path",
+        None,
+        IMPORT,
+        False,
+        "a folder: every rank records each call and writes `rank<R>.json` there at "
+        "exit, for `hpcpar trace` ([Troubleshooting](troubleshooting.md#tracing-a-job))",
+    ),
+    Setting(
+        "HPCPAR_FLIGHT",
+        "flag",
+        "1",
+        IMPORT,
+        False,
+        "`0` turns the flight record off (default on: each rank keeps its last 512 "
+        "calls, [Troubleshooting](troubleshooting.md))",
+    ),
+    Setting(
+        "HPCPAR_CHECK",
+        "flag",
+        "0",
+        CALL,
+        True,
+        "`1` checks every collective's arguments across ranks (one small allgather a call)",
+    ),
+    Setting(
+        "HPCPAR_COPY_THREADS",
+        "count",
+        None,
+        START,
+        False,
+        "threads for one large copy (packing, checkpoint snapshots); default: the "
+        "cores this rank may use divided by the ranks on its node",
+    ),
+    Setting(
+        "HPCPAR_AUTOTUNE",
+        "flag",
+        "0",
+        CALL,
+        True,
+        "`1`: `auto` allreduce times its best candidates on the first call of each "
+        "size class and keeps the fastest",
+    ),
+    Setting(
+        "HPCPAR_ALGORITHM_",
+        "text",
+        None,
+        CALL,
+        True,
+        "the algorithm `auto` uses for that collective, e.g. `HPCPAR_ALGORITHM_ALLREDUCE=ring`",
+    ),
+    Setting(
+        "HPCPAR_PROFILE",
+        "path",
+        None,
+        CALL,
+        True,
+        "machine profile (JSON from `hpcpar calibrate`) that `auto` and `explain` "
+        "use; ranks compare its content",
+    ),
+    Setting(
+        "HPCPAR_RULES",
+        "path",
+        None,
+        CALL,
+        True,
+        "a rules file of fixed algorithm choices by size, ranks and nodes, ahead of "
+        "the model; ranks compare its content",
+    ),
+    Setting(
+        "HPCPAR_SEGMENT_BYTES",
+        "count",
+        "262144",
+        CALL,
+        True,
+        "segment size of the `pipelined` algorithms, in bytes (default 256 KiB)",
+    ),
+    Setting(
+        "HPCPAR_VCLUSTER_DIR",
+        "path",
+        "/run/hpcpar-vcluster",
+        CALL,
+        False,
+        "where `vcluster` keeps its state and launcher wrapper",
+    ),
+    Setting(
+        "HPCPAR_CHECKPOINT_FAULT",
+        "text",
+        None,
+        CALL,
+        False,
+        "inject a fault into checkpoint saves: `kill=PHASE` or `enospc=LEVEL`, with "
+        "`step=`, `rank=`, `level=` ([Checkpointing](checkpointing.md))",
+    ),
+    Setting(
+        "HPCPAR_EXIT_DIR",
+        "path",
+        None,
+        START,
+        False,
+        "set by `hpcpar launch` for the job: where ranks mark that they started and "
+        "exited normally, and where `faulthandler` writes a rank's fatal signal "
+        "(unless the program enabled faulthandler itself)",
+    ),
+    Setting(
+        "HPCPAR_RESULTS",
+        "path",
+        "results",
+        JOBS,
+        False,
+        "where the batch scripts of `hpcpar jobs` (and `jobs/slurm/*.sbatch`) write their results",
+    ),
+    Setting(
+        "HPCPAR_NO_GPU",
+        "flag",
+        "0",
+        TESTS,
+        False,
+        "tests: `1` skips the GPU tests even where a GPU is found",
+    ),
+    Setting(
+        "HPCPAR_TEST_GRACE",
+        "seconds",
+        "15",
+        TESTS,
+        False,
+        "tests: seconds a rank whose test failed waits for the others",
+    ),
+    Setting(
+        "HPCPAR_RELIABILITY_DIR",
+        "path",
+        None,
+        TESTS,
+        False,
+        "tests: where each pytest session writes its reliability tallies "
+        "(`python3 dev.py test` sets it and prints the totals)",
+    ),
+)
 
 _BY_NAME = {s.name: s for s in TABLE}
 _FAMILIES = tuple(s for s in TABLE if s.name.endswith("_"))
@@ -259,8 +422,14 @@ def check(environ: Mapping[str, str] | None = None) -> None:
             setting.parse(name, env[name])
 
 
-_READ = {IMPORT: "at import", START: "at start", CALL: "every call", LAUNCH: "by `hpcpar launch`",
-         JOBS: "by the batch scripts", TESTS: "by the tests"}  # fmt: skip
+_READ = {
+    IMPORT: "at import",
+    START: "at start",
+    CALL: "every call",
+    LAUNCH: "by `hpcpar launch`",
+    JOBS: "by the batch scripts",
+    TESTS: "by the tests",
+}
 
 
 def markdown_table() -> str:

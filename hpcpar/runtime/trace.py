@@ -52,8 +52,14 @@ ENV = "HPCPAR_TRACE"
 FORMAT = "hpcpar-trace"
 VERSION = 1
 COLLECTIVE_CHANNELS = ("p2p", "halo", "checkpoint")  # channels whose numbers are per rank
-_SYNCHRONISING = ("allreduce", "barrier", "allgather", "alltoall", "alltoallv",
-                  "reduce_scatter")  # fmt: skip  # every rank leaves these together
+_SYNCHRONISING = (
+    "allreduce",
+    "barrier",
+    "allgather",
+    "alltoall",
+    "alltoallv",
+    "reduce_scatter",
+)  # every rank leaves these together
 _armed: dict[str, Any] = {}
 
 

@@ -196,8 +196,10 @@ def _connect(addresses: list[str], port: int, rank: int) -> socket.socket:
                 _send(link, {"hello": rank})
                 return link
         if time.monotonic() > deadline:
-            raise UsageError(f"{ENV}: rank {rank} cannot reach rank 0's watchdog at "
-                             f"{', '.join(addresses)} port {port}")  # fmt: skip
+            raise UsageError(
+                f"{ENV}: rank {rank} cannot reach rank 0's watchdog at "
+                f"{', '.join(addresses)} port {port}"
+            )
         time.sleep(0.2)
 
 
@@ -299,8 +301,9 @@ def _plain(value: Any) -> Any:
 class _Monitor(threading.Thread):
     """One rank's side: sends its state to rank 0, answers its requests."""
 
-    def __init__(self, link: socket.socket, rank: int, limit: float, action: str,
-                 main: int | None) -> None:  # fmt: skip
+    def __init__(
+        self, link: socket.socket, rank: int, limit: float, action: str, main: int | None
+    ) -> None:
         super().__init__(name="hpcpar-watchdog", daemon=True)
         self.link, self.rank, self.limit, self.action, self.main = link, rank, limit, action, main
         self.poll = min(1.0, limit / 4)
@@ -440,8 +443,12 @@ def _stack_text(frame: Any) -> str:
     if frame is None:
         return ""
     summary = traceback.extract_stack(frame)
-    kept = [f for f in summary if not f.filename.startswith("<frozen ")
-            and not f.filename.endswith(os.path.join("hpcpar", "run.py"))]  # fmt: skip
+    kept = [
+        f
+        for f in summary
+        if not f.filename.startswith("<frozen ")
+        and not f.filename.endswith(os.path.join("hpcpar", "run.py"))
+    ]
     user = [f for f in kept if not f.filename.startswith(_ours())]
     if kept and kept[-1].filename.startswith(_ours()):
         user.append(kept[-1])
@@ -624,16 +631,20 @@ class _Coordinator(threading.Thread):
             head = f"{_describe(call)}: rank(s) {format_ranks(inside)} waited {longest:.1f} s"
         else:  # the MPI library called directly: every rank blocked in it is in it
             at = next(iter(waiting.values()))["at"]
-            inside = sorted(r for r, s in self.status.items()
-                            if r not in self.gone and s.get("blocked") == "mpi")  # fmt: skip
+            inside = sorted(
+                r
+                for r, s in self.status.items()
+                if r not in self.gone and s.get("blocked") == "mpi"
+            )
             head = f"an MPI call: rank(s) {format_ranks(inside)} waited {longest:.1f} s ({at})"
         out = [f"{head} (limit {self.limit:g} s)"]
         for rank in range(self.size):
             out.extend(self.about(rank, inside, waiting))
         out.extend(self.mismatches())
         if self.action == "abort":
-            out.append(f"ending the job (exit status {EXIT_STATUS}); "
-                       f"{ACTION_ENV}=report only reports")  # fmt: skip
+            out.append(
+                f"ending the job (exit status {EXIT_STATUS}); {ACTION_ENV}=report only reports"
+            )
         else:
             out.append("the job goes on (HPCPAR_WATCHDOG_ACTION=report)")
         return "\n".join(out)
@@ -650,8 +661,9 @@ class _Coordinator(threading.Thread):
         if status.get("blocked") == "mpi":  # named by its call site, whatever hpcpar did last
             return [f"rank {rank}: in an MPI call for {status['waited']:.1f} s at {status['at']}"]
         if rank in inside:
-            return [f"rank {rank}: inside it for {status['waited']:.1f} s, called at "
-                    f"{status['from']}"]  # fmt: skip
+            return [
+                f"rank {rank}: inside it for {status['waited']:.1f} s, called at {status['from']}"
+            ]
         last = status.get("last")
         what = f"last call {_describe(last)}" if last else "no hpcpar call yet"
         if status.get("blocked") and status.get("call"):
@@ -677,8 +689,10 @@ class _Coordinator(threading.Thread):
         out = []
         for (comm, seq), whats in sorted(seen.items()):
             if len(whats) > 1 and not comm.startswith(("p2p", "halo", "checkpoint")):
-                parts = "; ".join(f"rank(s) {format_ranks(sorted(set(rs)))} called {what}"
-                                  for what, rs in whats.items())  # fmt: skip
+                parts = "; ".join(
+                    f"rank(s) {format_ranks(sorted(set(rs)))} called {what}"
+                    for what, rs in whats.items()
+                )
                 out.append(f"mismatch at {comm} #{seq}: {parts}")
         return out
 

@@ -165,8 +165,15 @@ def test_cli_checkpoint_resume_is_bit_identical(tmp_path, capsys):
     run("--iterations", "20", "--policy", str(tmp_path / "straight.json"))
     ck = ["--checkpoint", str(tmp_path / "ck"), "--checkpoint-every", "5"]
     run("--iterations", "10", *ck)
-    run("--iterations", "20", *ck, "--policy", str(tmp_path / "resumed.json"), "--out",
-        str(tmp_path / "r.json"))  # fmt: skip
+    run(
+        "--iterations",
+        "20",
+        *ck,
+        "--policy",
+        str(tmp_path / "resumed.json"),
+        "--out",
+        str(tmp_path / "r.json"),
+    )
     out = capsys.readouterr().out
     assert "# resumed at iteration 10" in out
     assert json.loads((tmp_path / "straight.json").read_text()) == json.loads(
@@ -206,10 +213,14 @@ def test_cli_run_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_policy(
 @pytest.mark.reliability("bad_input")
 @pytest.mark.parametrize(
     ("game", "message"),
-    [("liars_dice(numdice=-1)", "cannot be made"), ("liars_dice(numdice=100000)", "5000 moves"),
-     ("liars_dice(numdice=1))", "balanced"), ("liars_dice(numdice=1", "balanced"),
-     ("liars dice", "bad game string")],
-)  # fmt: skip
+    [
+        ("liars_dice(numdice=-1)", "cannot be made"),
+        ("liars_dice(numdice=100000)", "5000 moves"),
+        ("liars_dice(numdice=1))", "balanced"),
+        ("liars_dice(numdice=1", "balanced"),
+        ("liars dice", "bad game string"),
+    ],
+)
 def test_bad_game_strings_are_one_line_errors_at_once(game, message, capsys):
     """Each is refused before any tree is built: one line, exit status 2."""
     pytest.importorskip("pyspiel")

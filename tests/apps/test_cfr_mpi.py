@@ -81,10 +81,13 @@ def test_saved_on_n_ranks_resumes_on_every_rank_count_with_identical_regrets(
                     again.load_state(state)
                     assert step == 4 and again.t == 4
                     again.iterate(4)
-                    got = [tree_order(again, a) for a in (again.regret, again.strategy_sum,
-                                                          again.sigma)]  # fmt: skip
-                    for name, g, e in zip(("regret", "strategy_sum", "sigma"), got, expect,
-                                          strict=True):  # fmt: skip
+                    got = [
+                        tree_order(again, a)
+                        for a in (again.regret, again.strategy_sum, again.sigma)
+                    ]
+                    for name, g, e in zip(
+                        ("regret", "strategy_sum", "sigma"), got, expect, strict=True
+                    ):
                         for p in (0, 1):
                             assert np.array_equal(g[p], e[p]), (n, name, p)
         finally:

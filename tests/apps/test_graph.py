@@ -86,8 +86,15 @@ def test_statistics_are_the_reference_implementations():
 def test_a_run_prints_the_specification_block_and_harmonic_mean(comm, capsys):
     result = run(comm, kinds=("bfs", "sssp"), scale=8, roots=8)
     text = output_block(result)
-    for key in ("SCALE:", "NBFS:", "bfs  harmonic_mean_TEPS:     !  ", "sssp median_TEPS:",
-                "construction_time:", "bfs  max_validate:", "median_nedge:"):  # fmt: skip
+    for key in (
+        "SCALE:",
+        "NBFS:",
+        "bfs  harmonic_mean_TEPS:     !  ",
+        "sssp median_TEPS:",
+        "construction_time:",
+        "bfs  max_validate:",
+        "median_nedge:",
+    ):
         assert key in text
     assert all(len(line.split(":")[0]) < 32 for line in text.splitlines())
     secs = np.array(result.times["bfs"]) / np.array(result.nedge)
@@ -208,8 +215,19 @@ def _cli(capsys, *argv):
 
 def test_cli_runs_bfs_and_sssp_and_writes_json(capsys, tmp_path):
     out = tmp_path / "r.json"
-    status, text, _ = _cli(capsys, "graph", "all", "--scale", "7", "--roots", "4",
-                           "--partition", "1d-edge", "--out", str(out))  # fmt: skip
+    status, text, _ = _cli(
+        capsys,
+        "graph",
+        "all",
+        "--scale",
+        "7",
+        "--roots",
+        "4",
+        "--partition",
+        "1d-edge",
+        "--out",
+        str(out),
+    )
     assert status == 0 and "sssp harmonic_mean_TEPS:     !" in text
     doc = json.loads(out.read_text())
     assert doc["results"]["bfs_harmonic_mean_teps"] > 0 and doc["results"]["n"] == 128
@@ -263,8 +281,10 @@ def _fake_gap(folder, seconds):
     for kernel in ("bfs", "sssp"):
         script = folder / kernel
         trials = "".join(f"echo 'Trial Time:          {s:.5f}'\n" for s in seconds)
-        script.write_text(f"#!/bin/sh\necho 'Build Time:          0.25000'\n{trials}"
-                          "echo 'Average Time:        0.00000'\n")  # fmt: skip
+        script.write_text(
+            f"#!/bin/sh\necho 'Build Time:          0.25000'\n{trials}"
+            "echo 'Average Time:        0.00000'\n"
+        )
         script.chmod(0o755)
 
 
@@ -273,8 +293,21 @@ def test_bench_graph_against_gap_and_its_memory_per_edge(tmp_path):
 
     _fake_gap(tmp_path / "gap", [0.002, 0.004])
     gap = str(tmp_path / "gap")
-    proc = hpcpar("bench", "graph", "--scales", "9", "--roots", "2", "--partitions", "1d-vertex",
-                  "--no-scipy", "--gap-binary", gap, "--output", str(tmp_path / "g"))  # fmt: skip
+    proc = hpcpar(
+        "bench",
+        "graph",
+        "--scales",
+        "9",
+        "--roots",
+        "2",
+        "--partitions",
+        "1d-vertex",
+        "--no-scipy",
+        "--gap-binary",
+        gap,
+        "--output",
+        str(tmp_path / "g"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads((tmp_path / "g.json").read_text())["results"]
     by = {(r["variant"], r["kernel"]): r for r in rows}

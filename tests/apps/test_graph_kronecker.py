@@ -23,8 +23,9 @@ def test_quadrant_probabilities_are_the_specifications():
     src, dst = raw_kronecker_edges(scale, 3, np.arange(m))
     ii = (src[:, None] >> np.arange(scale)) & 1
     jj = (dst[:, None] >> np.arange(scale)) & 1
-    quadrant = {q: float(np.mean((ii == q[0]) & (jj == q[1]))) for q in
-                [(0, 0), (0, 1), (1, 0), (1, 1)]}  # fmt: skip
+    quadrant = {
+        q: float(np.mean((ii == q[0]) & (jj == q[1]))) for q in [(0, 0), (0, 1), (1, 0), (1, 1)]
+    }
     expect = {(0, 0): 0.57, (0, 1): 0.19, (1, 0): 0.19, (1, 1): 0.05}
     for q, p in expect.items():  # 800,000 draws: 4 standard errors is under 0.003
         assert quadrant[q] == pytest.approx(p, abs=0.003), q

@@ -82,8 +82,10 @@ def _graphs(comm):
     k = kronecker(8, 8, seed=3, part=comm.Get_rank(), parts=comm.Get_size())
     full = kronecker(8, 8, seed=3)
     src, dst, w, n = _awkward_graph()
-    return [(k, (full.src, full.dst, full.weight, full.n_vertices)),
-            (_slice(src, dst, w, n, comm), (src, dst, w, n))]  # fmt: skip
+    return [
+        (k, (full.src, full.dst, full.weight, full.n_vertices)),
+        (_slice(src, dst, w, n, comm), (src, dst, w, n)),
+    ]
 
 
 @pytest.mark.parametrize("partition", PARTITIONS)
@@ -111,8 +113,9 @@ def test_bfs_and_sssp_match_scipy_and_validate(comm, partition, layout):
             for delta, direction in itertools.product((0.05, 0.3, np.inf), ways):
                 found = sssp(g, root, delta=delta, direction=direction)  # inf: Bellman-Ford
                 check = validate(g, edges, root, found.parent, found.dist)
-                assert_all(check.ok, f"SSSP {direction} delta {delta} from {root}: "
-                           f"{check.examples}", comm)  # fmt: skip
+                assert_all(
+                    check.ok, f"SSSP {direction} delta {delta} from {root}: {check.examples}", comm
+                )
                 assert_allclose_all(_gather(g, found.dist, np.nan), dist, comm, rtol=1e-12)
         if g.grid.rows > 1:
             with pytest.raises(GraphError, match="1 x P grid"):
@@ -132,10 +135,19 @@ def test_every_rank_stores_its_edges_in_rows_sorted_by_weight(comm, partition):
     assert_all(all(np.all(np.diff(r) >= 0) for r in runs), "a row out of weight order", comm)
     held = np.concatenate(comm.allgather(mine))
     keep = src != dst
-    want = np.stack([np.concatenate([src[keep], dst[keep]]), np.concatenate([dst[keep], src[keep]]),
-                     np.concatenate([w[keep], w[keep]]).view(np.int64)], axis=1)  # fmt: skip
-    for a, b in zip(np.unique(held, axis=0, return_counts=True),
-                    np.unique(want, axis=0, return_counts=True), strict=True):  # fmt: skip
+    want = np.stack(
+        [
+            np.concatenate([src[keep], dst[keep]]),
+            np.concatenate([dst[keep], src[keep]]),
+            np.concatenate([w[keep], w[keep]]).view(np.int64),
+        ],
+        axis=1,
+    )
+    for a, b in zip(
+        np.unique(held, axis=0, return_counts=True),
+        np.unique(want, axis=0, return_counts=True),
+        strict=True,
+    ):
         assert_equal_all(a, b, comm)
     g.free()
 
@@ -202,12 +214,19 @@ def test_the_validator_catches_each_kind_of_wrong_answer(comm, partition, chunk,
     def out_of_range(p, d):
         p[_victim(p, g, root, -1)] = n + 5
 
-    cases = {"missed vertex": missed, "a cycle": cycle, "wrong parent": wrong_parent,
-             "out of range": out_of_range}  # fmt: skip
+    cases = {
+        "missed vertex": missed,
+        "a cycle": cycle,
+        "wrong parent": wrong_parent,
+        "out of range": out_of_range,
+    }
     for rule, change in cases.items():
         check = _corrupt(comm, g, edges, root, found.parent, None, change)
-        assert_all(not check.ok and any(rule in k for k, v in check.errors.items() if v),
-                   f"{rule} not caught: {check.errors}", comm)  # fmt: skip
+        assert_all(
+            not check.ok and any(rule in k for k, v in check.errors.items() if v),
+            f"{rule} not caught: {check.errors}",
+            comm,
+        )
     s = sssp(g, root, delta=0.1)
 
     def longer(p, d):
@@ -233,8 +252,11 @@ def test_a_bfs_tree_with_a_level_jump_is_rejected(comm):
     assert list(parent) == [0, 0, 0, 2]
     wrong = np.array([0, 0, 1, 2])[g.grid.lo : g.grid.hi]
     check = validate(g, edges, 0, wrong)
-    assert_all(check.errors["edge violates the triangle rule (level jump or distance too large)"]
-               > 0, f"level jump not caught: {check.errors}", comm)  # fmt: skip
+    assert_all(
+        check.errors["edge violates the triangle rule (level jump or distance too large)"] > 0,
+        f"level jump not caught: {check.errors}",
+        comm,
+    )
     g.free()
 
 
@@ -247,8 +269,11 @@ def test_hier_partition_sends_one_message_per_node_pair(comm):
     counts = {}
     for partition in ("1d-edge", "hier"):
         g = DistGraph.build(edges, comm=comm, partition=partition, layout=layout)
-        root = int(comm.bcast(int(np.flatnonzero(g.degree)[0] + g.grid.lo) if
-                              comm.Get_rank() == 0 else None))  # fmt: skip
+        root = int(
+            comm.bcast(
+                int(np.flatnonzero(g.degree)[0] + g.grid.lo) if comm.Get_rank() == 0 else None
+            )
+        )
         g.reset_volume()
         bfs(g, root, direction="top-down")
         counts[partition] = comm.allreduce(g.row_x.messages_inter)

@@ -96,8 +96,21 @@ def test_sat_predict_honours_its_timeout(tmp_path, capsys):
     assert main(["sat", "generate", str(cnf), "-n", "300", "--ratio", "6", "--seed", "2"]) == 0
     capsys.readouterr()
     start = time.monotonic()
-    status = main(["sat", "predict", str(cnf), "--trials", "3", "--timeout", "0.3",
-                   "--measure", "0", "--cores", "1,2"])  # fmt: skip
+    status = main(
+        [
+            "sat",
+            "predict",
+            str(cnf),
+            "--trials",
+            "3",
+            "--timeout",
+            "0.3",
+            "--measure",
+            "0",
+            "--cores",
+            "1,2",
+        ]
+    )
     assert time.monotonic() - start < 30
     assert status == 2
     err = capsys.readouterr().err

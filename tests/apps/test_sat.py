@@ -142,8 +142,9 @@ def test_solvers_on_uniform_instances_agree_with_minisat():
     seen = 0
     for seed in range(6):
         cnf, _ = random_ksat(150, 640, 3, seed=seed)
-        with solvers.Minisat22(bootstrap_with=[cnf.clause(i).tolist()
-                                               for i in range(cnf.n_clauses)]) as s:  # fmt: skip
+        with solvers.Minisat22(
+            bootstrap_with=[cnf.clause(i).tolist() for i in range(cnf.n_clauses)]
+        ) as s:
             satisfiable = s.solve()
         for algorithm in ALGORITHMS:
             ls = LocalSearch(cnf, algorithm, seed=seed)
@@ -158,9 +159,15 @@ def test_solvers_on_uniform_instances_agree_with_minisat():
 def _recount(ls: LocalSearch):
     """Every counter recomputed from scratch from the current assignment."""
     m, n = ls.numtrue.size, ls.a.size
-    fresh = [np.zeros(m, np.int32), np.zeros(m, np.int32), np.zeros(n, np.int32),
-             np.zeros(n, np.int32), np.zeros(m, np.int32), np.zeros(m, np.int32),
-             np.zeros(1, np.int64)]  # fmt: skip
+    fresh = [
+        np.zeros(m, np.int32),
+        np.zeros(m, np.int32),
+        np.zeros(n, np.int32),
+        np.zeros(n, np.int32),
+        np.zeros(m, np.int32),
+        np.zeros(m, np.int32),
+        np.zeros(1, np.int64),
+    ]
     K.init_state(ls.cvar, ls.csign, ls.cstart, ls.a, *fresh)
     return fresh
 
@@ -169,8 +176,10 @@ def _recount(ls: LocalSearch):
 def test_incremental_counters_equal_a_recount(algorithm):
     # mixed clause lengths, a repeated literal and a tautology (dropped as always true)
     rng = np.random.default_rng(4)
-    clauses = [list(rng.choice([-1, 1], k) * rng.choice(np.arange(1, 41), k, replace=False))
-               for k in rng.integers(1, 6, 170)]  # fmt: skip
+    clauses = [
+        list(rng.choice([-1, 1], k) * rng.choice(np.arange(1, 41), k, replace=False))
+        for k in rng.integers(1, 6, 170)
+    ]
     clauses += [[3, 3, -7], [5, -5, 9]]
     cnf = CNF.from_clauses(40, [[int(x) for x in c] for c in clauses])
     ls = LocalSearch(cnf, algorithm, seed=1)
@@ -199,11 +208,29 @@ def test_the_probsat_kernel_takes_the_general_kernels_flips(n, k, ratio):
     for flips in (1, 10, 5000):
         fast.run(flips)
         K.search(
-            K.ALG_PROBSAT, general.params, general.probs, general.cvar, general.csign,
-            general.cstart, general.occ, general.ostart, general.a, general.numtrue,
-            general.critx, general.brk, general.make, general.false, general.where,
-            general.nfalse, general.conf, general.age, general.rng, general.weight, 0, flips,
-        )  # fmt: skip
+            K.ALG_PROBSAT,
+            general.params,
+            general.probs,
+            general.cvar,
+            general.csign,
+            general.cstart,
+            general.occ,
+            general.ostart,
+            general.a,
+            general.numtrue,
+            general.critx,
+            general.brk,
+            general.make,
+            general.false,
+            general.where,
+            general.nfalse,
+            general.conf,
+            general.age,
+            general.rng,
+            general.weight,
+            0,
+            flips,
+        )
         for name in ("a", "numtrue", "critx", "brk", "false", "where", "nfalse", "rng"):
             assert np.array_equal(getattr(fast, name), getattr(general, name)), name
 
@@ -321,8 +348,19 @@ def test_killed_long_run_resumes_to_the_same_model(tmp_path):
     assert probe.run(10**7) and probe.flips > 6000  # long enough for two checkpoints
 
     def solve(tag, env=None):
-        args = ["-m", "hpcpar", "sat", "solve", str(path), "--seed", "1",
-                "--checkpoint", str(tmp_path / tag), "--checkpoint-every", "2000"]  # fmt: skip
+        args = [
+            "-m",
+            "hpcpar",
+            "sat",
+            "solve",
+            str(path),
+            "--seed",
+            "1",
+            "--checkpoint",
+            str(tmp_path / tag),
+            "--checkpoint-every",
+            "2000",
+        ]
         return launch(1, sys.executable, *args, env=env)
 
     plain = solve("plain")

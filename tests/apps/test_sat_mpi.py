@@ -96,8 +96,9 @@ def test_ranks_that_cannot_solve_are_stopped_by_the_winner(comm):
     # 0.567 stalls for millions; even ranks run cc, odd ranks WalkSAT
     cnf, _ = random_ksat(300, 5400, 5, seed=11, planted=True)
     limit = 10**9
-    result = portfolio(cnf, comm, algorithms=["cc", "walksat"], seed=2, max_flips=limit,
-                       check_every=1000)  # fmt: skip
+    result = portfolio(
+        cnf, comm, algorithms=["cc", "walksat"], seed=2, max_flips=limit, check_every=1000
+    )
     assert_all(result.satisfiable, "no model", comm)
     assert result.per_rank[result.winner]["algorithm"] == "cc"
     for d in result.per_rank:

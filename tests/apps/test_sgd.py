@@ -150,9 +150,28 @@ def test_training_killed_at_two_ranks_resumes_on_one_or_three_to_the_same_model(
     from launching import launch, resumed_after_one_kill
 
     def train(ranks, out, *extra, env=None):
-        args = ["-m", "hpcpar", "sgd", "--dataset", "wine", "--model", "mlp", "--hidden", "8",
-                "--epochs", "3", "--batch", "24", "--lr", "0.05", "--reproducible",
-                "--full-data", "--out", str(out), *extra]  # fmt: skip
+        args = [
+            "-m",
+            "hpcpar",
+            "sgd",
+            "--dataset",
+            "wine",
+            "--model",
+            "mlp",
+            "--hidden",
+            "8",
+            "--epochs",
+            "3",
+            "--batch",
+            "24",
+            "--lr",
+            "0.05",
+            "--reproducible",
+            "--full-data",
+            "--out",
+            str(out),
+            *extra,
+        ]
         return launch(ranks, sys.executable, *args, layout="ppn:1", env=env)
 
     plain = train(2, tmp_path / "plain.json")
@@ -182,9 +201,28 @@ def test_a_torch_model_killed_mid_run_resumes_to_the_same_model(tmp_path):
     from launching import launch, resumed_after_one_kill
 
     def train(ranks, out, *extra, env=None):
-        args = ["-m", "hpcpar", "sgd", "--framework", "torch", "--dataset", "digits",
-                "--model", "cnn", "--epochs", "2", "--batch", "96", "--lr", "0.05",
-                "--momentum", "0.9", "--out", str(out), *extra]  # fmt: skip
+        args = [
+            "-m",
+            "hpcpar",
+            "sgd",
+            "--framework",
+            "torch",
+            "--dataset",
+            "digits",
+            "--model",
+            "cnn",
+            "--epochs",
+            "2",
+            "--batch",
+            "96",
+            "--lr",
+            "0.05",
+            "--momentum",
+            "0.9",
+            "--out",
+            str(out),
+            *extra,
+        ]
         return launch(ranks, sys.executable, *args, layout="ppn:1", env=env)
 
     plain = train(2, tmp_path / "plain.json")
@@ -215,9 +253,31 @@ def test_a_zero_run_resumes_on_another_rank_count_with_its_optimizer_state_resha
     from launching import killed_and_resumed, launch
 
     def train(ranks, out, *extra, env=None):
-        args = ["-m", "hpcpar", "sgd", "--framework", "torch", "--zero", "--dataset", "wine",
-                "--model", "mlp", "--hidden", "16", "--epochs", "3", "--batch", "24",
-                "--lr", "0.05", "--momentum", "0.9", "--out", str(out), *extra]  # fmt: skip
+        args = [
+            "-m",
+            "hpcpar",
+            "sgd",
+            "--framework",
+            "torch",
+            "--zero",
+            "--dataset",
+            "wine",
+            "--model",
+            "mlp",
+            "--hidden",
+            "16",
+            "--epochs",
+            "3",
+            "--batch",
+            "24",
+            "--lr",
+            "0.05",
+            "--momentum",
+            "0.9",
+            "--out",
+            str(out),
+            *extra,
+        ]
         return launch(ranks, sys.executable, *args, env=env)
 
     plain = train(3, tmp_path / "plain.json")
@@ -239,11 +299,38 @@ def test_a_local_sgd_run_resumes_bit_for_bit_from_a_meeting_of_the_ranks(tmp_pat
     from launching import killed_and_resumed, launch
 
     def train(ranks, out, *extra, env=None):
-        args = ["-m", "hpcpar", "sgd", "--framework", "torch", "--mode", "local",
-                "--local-steps", "2", "--outer-lr", "0.7", "--outer-momentum", "0.9",
-                "--dataset", "wine", "--model", "mlp", "--hidden", "16", "--epochs", "3",
-                "--batch", "24", "--lr", "0.05", "--momentum", "0.5", "--out", str(out),
-                *extra]  # fmt: skip
+        args = [
+            "-m",
+            "hpcpar",
+            "sgd",
+            "--framework",
+            "torch",
+            "--mode",
+            "local",
+            "--local-steps",
+            "2",
+            "--outer-lr",
+            "0.7",
+            "--outer-momentum",
+            "0.9",
+            "--dataset",
+            "wine",
+            "--model",
+            "mlp",
+            "--hidden",
+            "16",
+            "--epochs",
+            "3",
+            "--batch",
+            "24",
+            "--lr",
+            "0.05",
+            "--momentum",
+            "0.5",
+            "--out",
+            str(out),
+            *extra,
+        ]
         return launch(ranks, sys.executable, *args, env=env)
 
     plain = train(2, tmp_path / "plain.json")

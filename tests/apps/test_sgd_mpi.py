@@ -32,8 +32,9 @@ def _alone_and_together(comm, layout, steps, **options):
 @pytest.mark.parametrize("layout", layouts_for(hpcpar.default_comm().Get_size())[:3])
 @pytest.mark.parametrize("bucket_bytes", [256, 25 << 20])  # many small buckets, or one
 def test_sync_equals_single_process(comm, layout, bucket_bytes):
-    alone, together = _alone_and_together(comm, layout, 20, batch=12 * comm.Get_size(),
-                                          bucket_bytes=bucket_bytes)  # fmt: skip
+    alone, together = _alone_and_together(
+        comm, layout, 20, batch=12 * comm.Get_size(), bucket_bytes=bucket_bytes
+    )
     worst = float(np.abs(together - alone).max())
     assert_all(worst < 1e-10, f"parameters differ by {worst}", comm)
 
@@ -50,8 +51,9 @@ def test_batch_must_divide(comm):
 def test_local_sgd_reaches_95_percent(comm):
     data = load_dataset("digits")
     model = make_model("mlp", data.n_features, data.n_classes, seed=1)
-    trainer = SyncTrainer(model, data, comm, batch=32 * comm.Get_size(), lr=0.1, mode="local",
-                          local_steps=4)  # fmt: skip
+    trainer = SyncTrainer(
+        model, data, comm, batch=32 * comm.Get_size(), lr=0.1, mode="local", local_steps=4
+    )
     for epoch in range(12):
         stats = trainer.epoch(epoch)
     params = comm.allgather(model.params)
@@ -134,8 +136,11 @@ def test_h5_shards_read_only_their_rows_and_standardise_globally(comm, tmp_path)
     lo = sum(comm.allgather(mine.y_train.size)[: comm.Get_rank()])
     expect = whole.x_train[lo : lo + mine.y_train.size]
     assert_all(np.allclose(mine.x_train, expect, atol=1e-12), "shard rows differ", comm)
-    assert_all(np.array_equal(mine.y_train, whole.y_train[lo : lo + mine.y_train.size]),
-               "shard labels differ", comm)  # fmt: skip
+    assert_all(
+        np.array_equal(mine.y_train, whole.y_train[lo : lo + mine.y_train.size]),
+        "shard labels differ",
+        comm,
+    )
     assert_all(np.allclose(mine.x_test, whole.x_test, atol=1e-12), "test rows differ", comm)
     with pytest.raises(SgdError, match="shard 5 of 2 does not exist"):
         load_dataset(path, shard=(5, 2))
@@ -146,5 +151,11 @@ def test_reproducible_sync_is_bitwise_one_process(comm, layout):
     alone, together = _alone_and_together(comm, layout, 15, batch=48, reproducible=True)
     assert_all(np.array_equal(together, alone), "not bit for bit", comm)
     with pytest.raises(SgdError, match="into 5 chunks"):  # 48 rows do not cut into 5
-        SyncTrainer(make_model("softmax", 64, 10), load_dataset("digits"), comm, batch=48,
-                    reproducible=True, chunks=5)  # fmt: skip
+        SyncTrainer(
+            make_model("softmax", 64, 10),
+            load_dataset("digits"),
+            comm,
+            batch=48,
+            reproducible=True,
+            chunks=5,
+        )

@@ -33,8 +33,11 @@ def test_gpu_buckets_train_the_cpu_model(comm, overlap):
 
     def train(device, wrap):
         torch.manual_seed(0)
-        net = torch.nn.Sequential(torch.nn.Linear(10, 64), torch.nn.Tanh(),
-                                  torch.nn.Linear(64, 3)).double().to(device)  # fmt: skip
+        net = (
+            torch.nn.Sequential(torch.nn.Linear(10, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
+            .double()
+            .to(device)
+        )
         model = wrap(net)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         g = torch.Generator().manual_seed(1)
@@ -51,7 +54,8 @@ def test_gpu_buckets_train_the_cpu_model(comm, overlap):
 
     with hpcpar.Hierarchy(comm) as h:
         on_cpu = train("cpu", lambda net: DataParallel(net, comm=h, overlap=overlap))
-        on_gpu = train("cuda", lambda net: DataParallel(net, comm=h, bucket_mib=0.01,
-                                                       overlap=overlap))  # fmt: skip
+        on_gpu = train(
+            "cuda", lambda net: DataParallel(net, comm=h, bucket_mib=0.01, overlap=overlap)
+        )
     worst = float((on_cpu - on_gpu).abs().max())
     assert_all(worst < 1e-10, f"GPU training differs from the CPU's by {worst}", comm)

@@ -23,9 +23,12 @@ GLOBAL_BATCH = 24  # divides over 1, 2, 3 and 4 ranks
 def make_net(seed=0):
     torch.manual_seed(seed)
     return torch.nn.Sequential(
-        torch.nn.Linear(10, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16), torch.nn.Tanh(),
+        torch.nn.Linear(10, 32),
+        torch.nn.Tanh(),
+        torch.nn.Linear(32, 16),
+        torch.nn.Tanh(),
         torch.nn.Linear(16, 3),
-    ).double()  # fmt: skip
+    ).double()
 
 
 def data(steps=4):
@@ -81,8 +84,9 @@ def test_parameters_and_buffers_come_from_rank_0(comm):
     net.register_buffer("scale", torch.full((3,), float(comm.Get_rank())))
     with DataParallel(net, comm=comm):
         first = make_net(seed=0)
-        same = all(torch.equal(a, b) for a, b in zip(net.parameters(), first.parameters(),
-                                                      strict=True))  # fmt: skip
+        same = all(
+            torch.equal(a, b) for a, b in zip(net.parameters(), first.parameters(), strict=True)
+        )
         assert_all(same and float(net.scale.sum()) == 0.0, "not rank 0's weights", comm)
 
 
@@ -129,8 +133,10 @@ def test_no_sync_accumulates_and_the_next_backward_averages_it_all(comm):
     alone = make_net()
     for s in range(2):
         f.cross_entropy(alone(x[s]), y[s]).backward()
-    worst = max(float(np.abs(a - p.grad.numpy()).max())
-                for a, p in zip(got, alone.parameters(), strict=True))  # fmt: skip
+    worst = max(
+        float(np.abs(a - p.grad.numpy()).max())
+        for a, p in zip(got, alone.parameters(), strict=True)
+    )
     assert_all(worst < 1e-12, f"accumulated gradients differ by {worst}", comm)
 
 
@@ -180,12 +186,18 @@ def test_zero_stage_1_trains_the_unsharded_model_with_a_share_of_the_state(comm,
             f.cross_entropy(model(x[s][rows]), y[s][rows]).backward()
             zero.step()
         total = sum(p.numel() for p in alone.parameters())
-        held = sum(v.numel() for st in zero.optimizer.state.values()
-                   for v in st.values() if torch.is_tensor(v) and v.dim())  # fmt: skip
+        held = sum(
+            v.numel()
+            for st in zero.optimizer.state.values()
+            for v in st.values()
+            if torch.is_tensor(v) and v.dim()
+        )
         assert_all(held == 2 * zero.counts[comm.Get_rank()], f"{held} moments held", comm)
         assert_all(comm.allreduce(held) == 2 * total, "every moment held once", comm)
-        worst = max(float((a - b).abs().max().detach()) for a, b in
-                    zip(model.parameters(), alone.parameters(), strict=True))  # fmt: skip
+        worst = max(
+            float((a - b).abs().max().detach())
+            for a, b in zip(model.parameters(), alone.parameters(), strict=True)
+        )
     assert_all(worst < 1e-10, f"parameters differ from unsharded Adam by {worst}", comm)
 
 
@@ -220,8 +232,9 @@ def test_local_sgd_averages_the_moves_of_independent_inner_steps(comm, outer):
                 torch.nn.utils.vector_to_parameters(common.detach().clone(), alone.parameters())
     with DataParallel(make_net(seed=comm.Get_rank()), comm=comm) as model:
         inner = torch.optim.SGD(model.parameters(), lr=0.1)
-        local = LocalSGD(model, inner, steps=3,
-                         make_outer=nesterov if outer == "nesterov" else None)  # fmt: skip
+        local = LocalSGD(
+            model, inner, steps=3, make_outer=nesterov if outer == "nesterov" else None
+        )
         synced = []
         for s in range(6):
             local.zero_grad()

@@ -25,8 +25,24 @@ def test_ls_verify_inspect_inject(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "version 2, rank 0, from hdf5" in out
     assert "m/k" in out and "(3, 3)" in out and "<f8" in out and "72" in out
-    assert main(["checkpoint", "inject", str(root), "--fault", "truncate-manifest",
-                 "--level", "local", "--step", "2", "--rank", "0"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "checkpoint",
+                "inject",
+                str(root),
+                "--fault",
+                "truncate-manifest",
+                "--level",
+                "local",
+                "--step",
+                "2",
+                "--rank",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert "truncated the manifest" in capsys.readouterr().out
     assert main(["checkpoint", "verify", str(root)]) == 1
     out = capsys.readouterr().out
@@ -98,8 +114,11 @@ def test_object_dtypes_in_a_manifest_are_refused(tmp_path):
     entry = {"offset": 0, "nbytes": 8, "dtype": "|O", "shape": [1], "crc32": ""}
     doc = {"format": "hpcpar-shard", "step": 1, "rank": 0, "entries": {"x": entry}}
     manifest = json.dumps(doc).encode()
-    data = b"\0" * 8 + manifest + struct.pack("<8sQI4x", b"HPCPARS1", len(manifest),
-                                              zlib.crc32(manifest))  # fmt: skip
+    data = (
+        b"\0" * 8
+        + manifest
+        + struct.pack("<8sQI4x", b"HPCPARS1", len(manifest), zlib.crc32(manifest))
+    )
     with pytest.raises(CheckpointError, match="Python objects"):
         decode_shard(np.frombuffer(data, np.uint8).copy(), 1, 0)
     assert faults.parse_fault(None) is None
@@ -146,8 +165,10 @@ def test_shards_checksummed_with_crc32c_or_zlib_crc32_both_read():
     written = encode_shard(1, 0, {"x": x}).join()
     manifest_text = written.tobytes()
     assert b'"crc32c":"' + f"{crc32c.crc32c(x.tobytes()):08x}".encode() in manifest_text
-    for record in ({"crc32": f"{zlib.crc32(x.tobytes()):08x}"},
-                   {"crc32c": f"{crc32c.crc32c(x.tobytes()):08x}"}):  # fmt: skip
+    for record in (
+        {"crc32": f"{zlib.crc32(x.tobytes()):08x}"},
+        {"crc32c": f"{crc32c.crc32c(x.tobytes()):08x}"},
+    ):
         data = _shard_bytes(x, record)
         assert np.array_equal(decode_shard(data.copy(), 1, 0)["x"], x)
         data[5] ^= 1  # a flipped bit in the array

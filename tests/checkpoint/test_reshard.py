@@ -156,8 +156,14 @@ def test_explicit_targets_any_box_and_per_rank_lists(comm, tmp_path):
     g = global_arrays()["rows"]
     with Checkpointer(root, comm=comm, levels=["local"], overwrite=True) as ck:
         off, shp = even_block(g.shape, 0, rank, size)
-        ck.save(1, {"rows": Sharded(g[off[0] : off[0] + shp[0]].copy(), g.shape, off),
-                    "mine": np.full(rank + 1, rank), "tag": f"r{rank}"}).wait()  # fmt: skip
+        ck.save(
+            1,
+            {
+                "rows": Sharded(g[off[0] : off[0] + shp[0]].copy(), g.shape, off),
+                "mine": np.full(rank + 1, rank),
+                "tag": f"r{rank}",
+            },
+        ).wait()
     with Checkpointer(root, comm=comm, levels=["local"]) as ck:
         # any box, overlapping other ranks' boxes: rows rank..rank+4, columns 1..3
         box = ((rank, 1), (5, 3))
@@ -196,8 +202,12 @@ def test_bad_layouts_are_refused_on_every_rank_and_nothing_is_written(comm, tmp_
         with pytest.raises(CheckpointError, match="does not fit"):
             Sharded(g[:5], (4,), 0)
         with pytest.raises(CheckpointError, match=r"declared differently|dict keys must"):
-            ck.save(2, {"x": Sharded(g[:10], (10,), 0) if rank == 0 else g[:10]} if size > 1
-                    else {"x": {1: 2}})  # fmt: skip
+            ck.save(
+                2,
+                {"x": Sharded(g[:10], (10,), 0) if rank == 0 else g[:10]}
+                if size > 1
+                else {"x": {1: 2}},
+            )
         assert ck.versions() == [1]
     with Checkpointer(root, comm=comm, levels=["local"]) as ck:
         for target in ({"x": ((8,), (5,))}, 3, {"x": "row"}):
@@ -250,10 +260,17 @@ def test_any_pytree_round_trips_with_its_types_and_other_objects_are_named(tmp_p
     assert got["shape"] == (3, (4, 5), []) and isinstance(got["shape"][1], tuple)
     assert got["empty"] == {"d": {}, "l": [], "t": ()}
     assert got["scalars"] == [1.5, 7, True, None, "s", 2**70]
-    assert all(np.array_equal(a[k], b[k]) for a, b in zip(got["layers"], state["layers"],
-               strict=True) for k in a)  # fmt: skip
-    for bad, key in (({"a": [1, {2}]}, "'a/1'"), ({"a": {"b": (object(),)}}, "'a/b/0'"),
-                     ({"a": {3: 1}}, "'a/3'"), ({"a": [Sharded]}, "'a/0'")):  # fmt: skip
+    assert all(
+        np.array_equal(a[k], b[k])
+        for a, b in zip(got["layers"], state["layers"], strict=True)
+        for k in a
+    )
+    for bad, key in (
+        ({"a": [1, {2}]}, "'a/1'"),
+        ({"a": {"b": (object(),)}}, "'a/b/0'"),
+        ({"a": {3: 1}}, "'a/3'"),
+        ({"a": [Sharded]}, "'a/0'"),
+    ):
         with pytest.raises(CheckpointError, match=key):
             flatten_state(bad)
     assert unflatten_state(flatten_state({"x": [1, (2,)]})) == {"x": [1, (2,)]}
@@ -270,7 +287,7 @@ def test_versions_of_another_rank_count_are_pruned_whole(comm, tmp_path):
             hpcpar.Hierarchy(sub, layout="ppn:1") as h,
             Checkpointer(
                 root, comm=h, levels=["local", "hdf5"], policy={"keep": {"local": 1, "hdf5": 1}}
-            ) as ck,  # fmt: skip
+            ) as ck,
         ):
             step, got = ck.restore()
             ck.save(step + 1, got).wait()
@@ -338,8 +355,11 @@ def test_export_and_inspect_from_the_command_line(tmp_path, capsys):
     assert "sharded: block at (0,) of (6,)" in text and "replicated" in text
     assert ".tree" not in text and ".layout" not in text
     to = ["--to", str(out), "--force"]  # out exists: replacing it is allowed
-    for args, message in ((["--step", "8", *to], "version 8"), ([], "needs --to"),
-                          (["--to", str(tmp_path / "no" / "x.h5")], "x.h5")):  # fmt: skip
+    for args, message in (
+        (["--step", "8", *to], "version 8"),
+        ([], "needs --to"),
+        (["--to", str(tmp_path / "no" / "x.h5")], "x.h5"),
+    ):
         assert main(["checkpoint", "export", str(root), *args]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
@@ -362,22 +382,53 @@ def test_export_never_writes_over_the_checkpoint_a_device_or_a_file_unasked(tmp_
     shard = next(p for p in before if p.suffix == ".shard")
     kept = tmp_path / "kept.h5"
     kept.write_bytes(b"mine")
-    refused = [(metadata, "inside the checkpoint's folder"), (shard, "inside the checkpoint"),
-               (root / "new.h5", "inside the checkpoint"), (local / "x.h5", "inside the check"),
-               (kept, "exists; pass --force"), (tmp_path, "not a regular file")]  # fmt: skip
+    refused = [
+        (metadata, "inside the checkpoint's folder"),
+        (shard, "inside the checkpoint"),
+        (root / "new.h5", "inside the checkpoint"),
+        (local / "x.h5", "inside the check"),
+        (kept, "exists; pass --force"),
+        (tmp_path, "not a regular file"),
+    ]
     if os.path.exists("/dev/null"):
         refused.append((type(tmp_path)("/dev/null"), "not a regular file"))
     for to, message in refused:
-        assert main(["checkpoint", "export", str(root), "--local-dir", str(local),
-                     "--to", str(to), "--force" if to != kept else "--step=3"]) == 2  # fmt: skip
+        assert (
+            main(
+                [
+                    "checkpoint",
+                    "export",
+                    str(root),
+                    "--local-dir",
+                    str(local),
+                    "--to",
+                    str(to),
+                    "--force" if to != kept else "--step=3",
+                ]
+            )
+            == 2
+        )
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, (to, err)
     after = {p: p.read_bytes() for p in [*root.rglob("*"), *local.rglob("*")] if p.is_file()}
     assert after == before and kept.read_bytes() == b"mine"
     assert scan(root, local)["levels"]["local"]["committed"] == [3]
     # asked to: a regular file is replaced; the state's "step" and "ranks" are kept apart
-    assert main(["checkpoint", "export", str(root), "--local-dir", str(local),
-                 "--to", str(kept), "--force"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "checkpoint",
+                "export",
+                str(root),
+                "--local-dir",
+                str(local),
+                "--to",
+                str(kept),
+                "--force",
+            ]
+        )
+        == 0
+    )
     with h5py.File(kept, "r") as f:
         assert f.attrs["step"] == 3 and f.attrs["ranks"] == 1
         assert f.attrs["state/step"] == 41 and f.attrs["state/ranks"] == "mine"
@@ -387,8 +438,9 @@ def test_export_never_writes_over_the_checkpoint_a_device_or_a_file_unasked(tmp_
 
 @pytest.mark.reliability("fault")
 @pytest.mark.parametrize("node_local", [False, True])
-def test_small_pieces_many_checksum_blocks_and_a_damaged_block(comm, tmp_path, monkeypatch,
-                                                                node_local):  # fmt: skip
+def test_small_pieces_many_checksum_blocks_and_a_damaged_block(
+    comm, tmp_path, monkeypatch, node_local
+):
     """Pieces far smaller than the arrays (sends overlap reads, targets not contiguous),
     arrays of several checksum blocks read in part, and a flipped byte in one block: the
     saved rank it belongs to is read again from the next level. With ``node_local`` each

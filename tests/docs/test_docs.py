@@ -50,10 +50,22 @@ def _parse(argv: list[str]) -> None:
 
 def test_the_docs_build_with_warnings_as_errors(tmp_path):
     built = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
-         str(ROOT / "docs"), str(tmp_path / "html")],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-W",
+            "--keep-going",
+            "-q",
+            "-b",
+            "html",
+            str(ROOT / "docs"),
+            str(tmp_path / "html"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     assert (tmp_path / "html" / "api.html").exists()
 
@@ -79,10 +91,27 @@ def test_every_python_example_in_the_docs_runs(page, tmp_path):
     script = tmp_path / "examples.py"
     script.write_text("\n\n".join(blocks(page, ("python",))))
     ran = subprocess.run(
-        [sys.executable, "-m", "hpcpar", "launch", "-n", "2", "--layout", "ppn:1",
-         "--timeout", "300", "--", "python", str(script)],
-        capture_output=True, text=True, timeout=400, cwd=tmp_path, env=clean_env(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hpcpar",
+            "launch",
+            "-n",
+            "2",
+            "--layout",
+            "ppn:1",
+            "--timeout",
+            "300",
+            "--",
+            "python",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+        env=clean_env(),
+    )
     assert ran.returncode == 0, f"{page.name} examples failed:\n{ran.stdout}\n{ran.stderr}"
 
 

@@ -58,8 +58,9 @@ def resumed_after_one_kill(job, folder, rank_counts, every: int, step: int):
     runs = []
     for ranks in rank_counts:
         shutil.copytree(left, folder / f"ck{ranks}")
-        again = job(ranks, folder / f"resumed{ranks}.json", "--checkpoint",
-                    str(folder / f"ck{ranks}"), *ck)  # fmt: skip
+        again = job(
+            ranks, folder / f"resumed{ranks}.json", "--checkpoint", str(folder / f"ck{ranks}"), *ck
+        )
         assert again.returncode == 0, again.stderr
         runs.append(again)
     return runs

@@ -28,8 +28,10 @@ def why_not() -> str | None:
     """None if a local Slurm can be started, else the reason."""
     missing = [d for d in DAEMONS if _sbin(d) is None]
     if missing:
-        return (f"Slurm is not installed ({', '.join(missing)} missing; 'python3 dev.py test' "
-                "installs slurm-wlm and munge with apt-get when run as root)")  # fmt: skip
+        return (
+            f"Slurm is not installed ({', '.join(missing)} missing; 'python3 dev.py test' "
+            "installs slurm-wlm and munge with apt-get when run as root)"
+        )
     if os.geteuid() != 0:
         return "the local Slurm runs its daemons as root"
     return None
@@ -84,8 +86,9 @@ class LocalSlurm:
 
     def _run(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         argv = (_sbin(argv[0]) or argv[0], *argv[1:])
-        return subprocess.run(argv, env=self.env, capture_output=True, text=True,
-                              timeout=timeout, check=False)  # fmt: skip
+        return subprocess.run(
+            argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
 
     def start(self, timeout: float = 60) -> None:
         """Start munged, slurmctld and slurmd and wait until the node is idle.
@@ -99,19 +102,26 @@ class LocalSlurm:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         d = str(self.dir)
-        files = [f"--socket={d}/munge.sock", f"--key-file={key}", f"--log-file={d}/munged.log",
-                 f"--pid-file={d}/munged.pid", f"--seed-file={d}/munged.seed"]  # fmt: skip
+        files = [
+            f"--socket={d}/munge.sock",
+            f"--key-file={key}",
+            f"--log-file={d}/munged.log",
+            f"--pid-file={d}/munged.pid",
+            f"--seed-file={d}/munged.seed",
+        ]
         started = self._run("munged", "--force", *files)
         if started.returncode:
             raise RuntimeError(f"munged did not start: {started.stderr.strip()}")
         host = socket.gethostname()
-        self.conf.write_text(CONF.format(host=host, dir=d, ctld_port=_free_port(),
-                                         d_port=_free_port()))  # fmt: skip
+        self.conf.write_text(
+            CONF.format(host=host, dir=d, ctld_port=_free_port(), d_port=_free_port())
+        )
         for daemon in ("slurmctld", "slurmd"):
             started = self._run(daemon, "-f", str(self.conf))
             if started.returncode:
-                raise RuntimeError(f"{daemon} did not start ({started.stderr.strip()}); "
-                                   f"see {d}/{daemon}.log")  # fmt: skip
+                raise RuntimeError(
+                    f"{daemon} did not start ({started.stderr.strip()}); see {d}/{daemon}.log"
+                )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = self._run("sinfo", "-h", "-o", "%t").stdout.strip()

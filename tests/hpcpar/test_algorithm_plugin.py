@@ -64,8 +64,13 @@ def test_a_registered_algorithm_runs_and_is_counted_exactly(comm, toy):
     got = hpcpar.allreduce(x, comm=h, algorithm=toy)
     want = fold(MPI.SUM, [contribution(r, 1000, "f8") for r in range(size)])
     stats = last_stats()
-    seen = (stats.messages_intra, stats.bytes_intra, stats.messages_inter, stats.bytes_inter,
-            stats.reduced_bytes)  # fmt: skip
+    seen = (
+        stats.messages_intra,
+        stats.bytes_intra,
+        stats.messages_inter,
+        stats.bytes_inter,
+        stats.reduced_bytes,
+    )
     formula = counts_for("allreduce", toy, Layout(tuple(h.node_of)), rank, 1000, 8).as_tuple()
     assert_all(np.array_equal(got, want), "toy allreduce result", comm)
     assert_all(stats.algorithm == toy and seen == formula, f"{seen} != {formula}", comm)

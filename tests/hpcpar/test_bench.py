@@ -125,8 +125,21 @@ def test_allreduce_mpi_benchmark_end_to_end(comm, tmp_path, capsys):
 @pytest.mark.mpi
 def test_datatypes_benchmark_end_to_end(comm, tmp_path, capsys):
     prefix = comm.bcast(str(tmp_path / "dt"), root=0)
-    argv = ["bench", "datatypes", "--n", "8", "--no-roof", "--repeats", "1", "--warmup", "1",
-            "--min-time", "0.0005", "--output", prefix]  # fmt: skip
+    argv = [
+        "bench",
+        "datatypes",
+        "--n",
+        "8",
+        "--no-roof",
+        "--repeats",
+        "1",
+        "--warmup",
+        "1",
+        "--min-time",
+        "0.0005",
+        "--output",
+        prefix,
+    ]
     assert_all(main(argv) == 0, "benchmark failed", comm)
     if comm.Get_rank() == 0:
         rows = json.loads(open(prefix + ".json").read())["results"]
@@ -195,8 +208,14 @@ def test_cfr_benchmark_end_to_end(comm, tmp_path, capsys):
     if comm.Get_rank() == 0:
         rows = json.loads(open(prefix + ".json").read())["results"]
         names = {r["variant"] for r in rows}
-        assert names == {"hpcpar-cfr", "hpcpar-cfr+", "hpcpar-dcfr", "hpcpar-pcfr+",
-                         "openspiel-cpp-cfr", "openspiel-cpp-cfr+"}  # fmt: skip
+        assert names == {
+            "hpcpar-cfr",
+            "hpcpar-cfr+",
+            "hpcpar-dcfr",
+            "hpcpar-pcfr+",
+            "openspiel-cpp-cfr",
+            "openspiel-cpp-cfr+",
+        }
         cfr = next(r for r in rows if r["variant"] == "openspiel-cpp-cfr")
         assert cfr["speedup_vs_openspiel_cpp_cfr"] == 1.0
         # the curves fall: exploitability of the last point below the first
@@ -294,8 +313,16 @@ def test_sat_benchmark_end_to_end(comm, tmp_path):
             os.chmod(path, 0o755)
     comm.Barrier()
     args = ["bench", "sat", "--sizes", "50", "--seeds", "3", "--repeats", "2", "--flips", "20000"]
-    args += ["--portfolio-runs", "3", "--peer-binary", fake, "--yalsat-binary", fake_yalsat,
-             "--output", prefix]  # fmt: skip
+    args += [
+        "--portfolio-runs",
+        "3",
+        "--peer-binary",
+        fake,
+        "--yalsat-binary",
+        fake_yalsat,
+        "--output",
+        prefix,
+    ]
     assert_all(main(args) == 0, "benchmark failed", comm)
     if comm.Get_rank() == 0:
         rows = json.loads(open(prefix + ".json").read())["results"]
@@ -377,8 +404,20 @@ def test_the_safety_benchmarks_compare_on_and_off_and_leave_the_feature_on(comm,
     from hpcpar.runtime import flight
 
     prefix = comm.bcast(str(tmp_path / feature), root=0)
-    status = main(["bench", feature, "--repeats", "2", "--min-time", "0.001", "--warmup", "1",
-                   "--output", prefix])  # fmt: skip
+    status = main(
+        [
+            "bench",
+            feature,
+            "--repeats",
+            "2",
+            "--min-time",
+            "0.001",
+            "--warmup",
+            "1",
+            "--output",
+            prefix,
+        ]
+    )
     assert_all(status == 0, "benchmark failed", comm)
     assert_all(flight.enabled() and guard.ENABLED[0], "the feature was left off", comm)
     if comm.Get_rank() == 0:

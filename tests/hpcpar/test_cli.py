@@ -76,8 +76,9 @@ def test_help_is_printed_once(tmp_path):
 
 def test_demo_on_uneven_virtual_nodes(tmp_path):
     out = tmp_path / "demo.json"
-    proc = launch(4, "demo", "--count", "5000", "--output", str(out), "--no-tour",
-                  layout="nodes:1,3")  # fmt: skip
+    proc = launch(
+        4, "demo", "--count", "5000", "--output", str(out), "--no-tour", layout="nodes:1,3"
+    )
     assert proc.returncode == 0, proc.stderr
     assert "demo passed" in proc.stdout and "FAILED" not in proc.stdout
     assert proc.stdout.count("hpcpar topology") == 1 and "tour" not in proc.stdout
@@ -185,8 +186,7 @@ def test_output_to_a_closed_pipe_ends_quietly(tmp_path, args):
         for step in range(1, 40):
             ck.save(step, {"x": step}).wait()
     argv = [sys.executable, "-m", "hpcpar", *(str(root) if a == "CKPT" else a for a in args)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=clean_env())  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
     proc.stdout.close()  # long before the command has imported anything
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err

@@ -178,8 +178,9 @@ def test_the_guard_stops_a_mismatch_at_the_first_call_without_check_mode(comm, m
             if path == "bcast":
                 hpcpar.bcast(np.ones(4) if rank else np.ones(8, np.float32), root=0, comm=fresh)
             else:
-                hpcpar.allreduce(np.ones(4), MPI.SUM if rank == 0 else MPI.MAX,
-                                 comm=fresh, algorithm=path)  # fmt: skip
+                hpcpar.allreduce(
+                    np.ones(4), MPI.SUM if rank == 0 else MPI.MAX, comm=fresh, algorithm=path
+                )
         message = str(info.value)
         assert "differ at #0 on" in message, message
         if path == "bcast":
@@ -214,8 +215,7 @@ def test_the_guard_names_a_later_mismatch_within_its_window(comm, monkeypatch, f
             hpcpar.allreduce(np.ones(3), comm=fresh, algorithm="mpi")
         # #4: MAX on rank 0, SUM elsewhere: wrong numbers, no error from MPI (a dtype of
         # the same byte count can make MPI's own algorithm split the data differently)
-        hpcpar.allreduce(np.ones(3), MPI.MAX if rank == 0 else MPI.SUM, comm=fresh,
-                         algorithm="mpi")  # fmt: skip
+        hpcpar.allreduce(np.ones(3), MPI.MAX if rank == 0 else MPI.SUM, comm=fresh, algorithm="mpi")
         for _ in range(2):  # #5, #6
             hpcpar.allreduce(np.ones(3), comm=fresh, algorithm="mpi")
         with pytest.raises(CollectiveMismatchError) as info:
@@ -241,8 +241,9 @@ def test_the_guard_passes_the_same_call_made_through_either_path(comm):
             data = np.arange(8.0)
             x = data[::2] if comm.Get_rank() % 2 else data[:4].copy()
             got = hpcpar.allreduce(x, comm=fresh, algorithm="mpi")
-            expect = sum((np.arange(8.0)[::2] if r % 2 else np.arange(4.0))
-                         for r in range(comm.Get_size()))  # fmt: skip
+            expect = sum(
+                (np.arange(8.0)[::2] if r % 2 else np.arange(4.0)) for r in range(comm.Get_size())
+            )
             assert_all(np.array_equal(got, expect), f"{got} vs {expect}", comm)
     finally:
         fresh.Free()
@@ -250,9 +251,15 @@ def test_the_guard_passes_the_same_call_made_through_either_path(comm):
 
 def _random_calls(rng, length):
     """A call sequence: (blocking, count, dtype, op) of allreduces of 1-4 8-byte elements."""
-    return [(bool(rng.integers(2)), int(rng.integers(1, 5)),
-             np.float64 if rng.integers(2) else np.int64,
-             MPI.SUM if rng.integers(3) else MPI.MAX) for _ in range(length)]  # fmt: skip
+    return [
+        (
+            bool(rng.integers(2)),
+            int(rng.integers(1, 5)),
+            np.float64 if rng.integers(2) else np.int64,
+            MPI.SUM if rng.integers(3) else MPI.MAX,
+        )
+        for _ in range(length)
+    ]
 
 
 def _perturbed(calls, kind, at):

@@ -132,8 +132,23 @@ def test_reduce_scatter_against_numpy(comm, layout, algorithm):
     h.free()
 
 
-EVERY_DTYPE = ["f2", "f4", "f8", "g", "c8", "c16", "i1", "i2", "i4", "i8", "u1", "u2", "u4",
-               "u8", "?"]  # fmt: skip
+EVERY_DTYPE = [
+    "f2",
+    "f4",
+    "f8",
+    "g",
+    "c8",
+    "c16",
+    "i1",
+    "i2",
+    "i4",
+    "i8",
+    "u1",
+    "u2",
+    "u4",
+    "u8",
+    "?",
+]
 
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allreduce"])
@@ -197,8 +212,11 @@ def test_library_allreduce_takes_the_fast_path_under_a_layout(comm, monkeypatch)
         assert_all(len(general) == before, f"{layout}: general path taken", comm)
     monkeypatch.setenv("HPCPAR_ALGORITHM_ALLREDUCE", "ring")
     got = hpcpar.allreduce(x)
-    assert_all(np.array_equal(got, want) and last_stats().algorithm == "ring",
-               "auto follows HPCPAR_ALGORITHM_ALLREDUCE at once", comm)  # fmt: skip
+    assert_all(
+        np.array_equal(got, want) and last_stats().algorithm == "ring",
+        "auto follows HPCPAR_ALGORITHM_ALLREDUCE at once",
+        comm,
+    )
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

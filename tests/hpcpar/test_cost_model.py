@@ -134,8 +134,9 @@ def test_auto_leaves_the_library_only_for_a_predicted_win_above_the_margin():
         library = next(p for p in ranking if p.algorithm == "mpi")
         gain = 1 - best.seconds / library.seconds  # 0 when the library is predicted fastest
         for margin in (0.0, max(gain - 0.01, 0.0), min(gain + 0.01, 0.99)):
-            plan = plan_for("allreduce", nbytes, layout,
-                            profile_from_json({**base, "margin": margin}))  # fmt: skip
+            plan = plan_for(
+                "allreduce", nbytes, layout, profile_from_json({**base, "margin": margin})
+            )
             expect = best.algorithm if gain > margin else "mpi"
             assert plan.algorithm == expect, (nbytes, margin, gain, plan.reason)
             if best.algorithm != "mpi" and gain <= margin:
@@ -335,8 +336,9 @@ def test_library_modelled_without_hpcpar_python_on_a_crowded_machine():
     doc["software"] = {"call_s": 3e-4, "step_s": 0.0, "library_call_s": 2e-5}
     for crowded in (False, True):
         profile = profile_from_json({**doc, "oversubscribed": crowded})
-        bare = profile_from_json({**doc, "software": {"call_s": 0.0, "step_s": 0.0,
-                                                      "library_call_s": 2e-5}})  # fmt: skip
+        bare = profile_from_json(
+            {**doc, "software": {"call_s": 0.0, "step_s": 0.0, "library_call_s": 2e-5}}
+        )
         for count in (1, 1 << 14):
             lib = predict("allreduce", "mpi", layout, count, 8, profile)
             ref = predict("allreduce", "mpi", layout, count, 8, bare)

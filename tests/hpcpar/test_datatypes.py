@@ -777,9 +777,12 @@ def test_streaming_starts_at_an_eighth_of_this_ranks_share_of_the_cache(monkeypa
     from hpcpar.datatypes import kernels, threads
 
     monkeypatch.setattr(kernels, "_last_level_cache", lambda: 32 << 20)
-    for env, want in (({}, 4 << 20), ({"MPI_LOCALNRANKS": "2"}, 2 << 20),
-                      ({"OMPI_COMM_WORLD_LOCAL_SIZE": "64"}, kernels.COMPILED_BYTES),
-                      ({"PMI_LOCAL_SIZE": "x"}, 4 << 20)):  # fmt: skip
+    for env, want in (
+        ({}, 4 << 20),
+        ({"MPI_LOCALNRANKS": "2"}, 2 << 20),
+        ({"OMPI_COMM_WORLD_LOCAL_SIZE": "64"}, kernels.COMPILED_BYTES),
+        ({"PMI_LOCAL_SIZE": "x"}, 4 << 20),
+    ):
         for name in threads._LOCAL_RANKS:
             monkeypatch.delenv(name, raising=False)
         for name, value in env.items():
@@ -939,8 +942,9 @@ def test_irregular_layouts_take_the_block_loop_and_match_mpi(
         with pytest.raises(DatatypeError, match="reach bytes"):  # nothing past the buffer
             p.pack(area[: origin + p._reach(count)[1] - 1], count=count, origin=origin)
         with pytest.raises(DatatypeError, match="reach bytes"):
-            p.unpack(out, np.zeros(origin + p._reach(count)[1] - 1, np.uint8), count=count,
-                     origin=origin)  # fmt: skip
+            p.unpack(
+                out, np.zeros(origin + p._reach(count)[1] - 1, np.uint8), count=count, origin=origin
+            )
     finally:
         dt.Free()
 

@@ -124,8 +124,11 @@ def test_test_then_wait_delivers_the_message(comm):
         pass
     request.wait()
     assert request.test()  # still true once complete
-    assert_all(np.array_equal(grid[:, 1:3], np.arange(20.0).reshape(4, 5)[:, 1:3] + left),
-               "a receive completed by test() then wait()", comm)  # fmt: skip
+    assert_all(
+        np.array_equal(grid[:, 1:3], np.arange(20.0).reshape(4, 5)[:, 1:3] + left),
+        "a receive completed by test() then wait()",
+        comm,
+    )
 
 
 def test_dropped_persistent_requests(comm):

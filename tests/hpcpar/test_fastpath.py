@@ -11,10 +11,15 @@ import hpcpar
 from hpcpar.testing import assert_all
 
 CALLS = [  # runs of identical calls, a new size, a new dtype, in-place
-    ("x", np.ones(3)), ("x", np.ones(3)), ("x", np.ones(3)), ("x", np.arange(5.0)),
-    ("x", np.ones(3)), ("x", np.ones(3, np.float32)), ("inplace", np.ones(4)),
+    ("x", np.ones(3)),
+    ("x", np.ones(3)),
+    ("x", np.ones(3)),
+    ("x", np.arange(5.0)),
+    ("x", np.ones(3)),
+    ("x", np.ones(3, np.float32)),
+    ("inplace", np.ones(4)),
     *[("x", np.ones(2)) for _ in range(6)],
-]  # fmt: skip
+]
 
 
 def _run(comm) -> list:
@@ -34,8 +39,13 @@ def _per_call(label: str) -> list[tuple]:
     for record in flight.snapshot():
         if record["comm"] != label:
             continue
-        what = (record["operation"], record["algorithm"], record["count"], record["dtype"],
-                record["op"])  # fmt: skip
+        what = (
+            record["operation"],
+            record["algorithm"],
+            record["count"],
+            record["dtype"],
+            record["op"],
+        )
         for seq in range(record["seq"], record["seq"] + (record["calls"] or 1)):
             calls.append((seq, *what))
     return calls
@@ -50,8 +60,7 @@ def test_the_fast_path_leaves_the_state_the_general_path_leaves(comm, monkeypatc
     try:
         taken = []
         real = api.fast_allreduce
-        monkeypatch.setattr(api, "fast_allreduce",
-                            lambda *a: taken.append(1) or real(*a))  # fmt: skip
+        monkeypatch.setattr(api, "fast_allreduce", lambda *a: taken.append(1) or real(*a))
         got_fast = _run(fast)
         monkeypatch.setattr(api, "fast_allreduce", lambda *a: None)
         got_general = _run(general)

@@ -64,8 +64,10 @@ def test_every_rank_records_the_same_collectives(comm, fresh):
         ("allreduce", "ring", 1),
         ("barrier", "mpi", 1),
     ], ops
-    assert sum(e["calls"] for e in mine if e["operation"] == "allreduce"
-               and e["algorithm"] == "mpi") == 5  # fmt: skip
+    assert (
+        sum(e["calls"] for e in mine if e["operation"] == "allreduce" and e["algorithm"] == "mpi")
+        == 5
+    )
     # sequence numbers: consecutive, runs included
     expected = 0
     for e in mine:

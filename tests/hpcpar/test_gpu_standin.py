@@ -48,34 +48,74 @@ def _passed(*args: str) -> int:
 
 def test_serial_gpu_tests_pass_on_the_standin():
     passed = _passed(
-        sys.executable, *PYTEST[1:], "tests/hpcpar/test_datatypes.py",
-        "tests/checkpoint/test_gpu.py", "tests/apps/test_cfr_gpu.py",
-        "-k", "gpu or device",
-    )  # fmt: skip
+        sys.executable,
+        *PYTEST[1:],
+        "tests/hpcpar/test_datatypes.py",
+        "tests/checkpoint/test_gpu.py",
+        "tests/apps/test_cfr_gpu.py",
+        "-k",
+        "gpu or device",
+    )
     assert passed >= 11  # 5 datatype, 3 checkpoint, 3 CFR
 
 
 def test_gpu_datatype_benchmark_runs_on_the_standin(tmp_path):
     """``bench datatypes --gpu``: every GPU variant's bytes checked against numpy's."""
     out = tmp_path / "dt"
-    _child(str(Path(sys.executable).parent / "hpcpar"), "bench", "datatypes", "--gpu",
-           "--n", "8", "--no-roof", "--repeats", "1", "--warmup", "1", "--min-time", "0.0005",
-           "--max-iterations", "3", "--output", str(out))  # fmt: skip
-    rows = [r for r in json.loads(out.with_suffix(".json").read_text())["results"]
-            if r["case"].startswith("GPU ")]  # fmt: skip
+    _child(
+        str(Path(sys.executable).parent / "hpcpar"),
+        "bench",
+        "datatypes",
+        "--gpu",
+        "--n",
+        "8",
+        "--no-roof",
+        "--repeats",
+        "1",
+        "--warmup",
+        "1",
+        "--min-time",
+        "0.0005",
+        "--max-iterations",
+        "3",
+        "--output",
+        str(out),
+    )
+    rows = [
+        r
+        for r in json.loads(out.with_suffix(".json").read_text())["results"]
+        if r["case"].startswith("GPU ")
+    ]
     assert len({r["case"] for r in rows}) == 5 and all(r["valid"] for r in rows)
     assert {r["variant"] for r in rows} == {
-        "hpcpar-device", "cupy-contiguous", "hpcpar-staged", "cupy-get",
-        "hpcpar-device-unpack", "cupy-unpack", "cupy-take", "cupy-put",
-    }  # fmt: skip
+        "hpcpar-device",
+        "cupy-contiguous",
+        "hpcpar-staged",
+        "cupy-get",
+        "hpcpar-device-unpack",
+        "cupy-unpack",
+        "cupy-take",
+        "cupy-put",
+    }
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_mpi_gpu_tests_pass_on_the_standin(ranks):
     hpcpar = str(Path(sys.executable).parent / "hpcpar")
     passed = _passed(
-        hpcpar, "launch", "-n", str(ranks), "--timeout", "200", "--", *PYTEST, "-m", "mpi",
-        "tests/hpcpar/test_p2p_halo.py", "tests/hpcpar/test_collectives_large.py",
-        "-k", "gpu or cupy",
-    )  # fmt: skip
+        hpcpar,
+        "launch",
+        "-n",
+        str(ranks),
+        "--timeout",
+        "200",
+        "--",
+        *PYTEST,
+        "-m",
+        "mpi",
+        "tests/hpcpar/test_p2p_halo.py",
+        "tests/hpcpar/test_collectives_large.py",
+        "-k",
+        "gpu or cupy",
+    )
     assert passed == 10  # three point-to-point methods, six halo exchanges, the collectives

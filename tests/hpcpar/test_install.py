@@ -57,8 +57,11 @@ def test_regular_install_maps_checkpoint_and_apps(tmp_path):
     assert Path(checkpoint) == target / "hpcpar" / "checkpoint" / "__init__.py"
     assert Path(apps) == target / "hpcpar" / "apps" / "__init__.py"
     # every module of every package in the source tree is installed, none left out
-    for folder, installed in (("hpcpar", "hpcpar"), ("checkpoint", "hpcpar/checkpoint"),
-                              ("apps", "hpcpar/apps")):  # fmt: skip
+    for folder, installed in (
+        ("hpcpar", "hpcpar"),
+        ("checkpoint", "hpcpar/checkpoint"),
+        ("apps", "hpcpar/apps"),
+    ):
         for module in (ROOT / folder).rglob("*.py"):
             if "__pycache__" not in module.parts:
                 assert (target / installed / module.relative_to(ROOT / folder)).exists(), module

@@ -162,8 +162,12 @@ def test_a_killed_job_leaves_no_mpich_shared_memory(tmp_path):
     )
     mine = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "HPCPAR_"))}
     before = {n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")}
-    run = subprocess.run([sys.executable, "-m", "hpcpar", "launch", "-n", "2", "--", "python",
-                          str(script)], env=mine, capture_output=True, timeout=100)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "hpcpar", "launch", "-n", "2", "--", "python", str(script)],
+        env=mine,
+        capture_output=True,
+        timeout=100,
+    )
     assert run.returncode != 0
     left = {n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")} - before
     assert not left, left
@@ -191,9 +195,25 @@ def test_a_rank_that_ends_the_job_on_purpose_gives_the_job_its_status(tmp_path, 
         "time.sleep(60)\n"
     )
     mine = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "HPCPAR_"))}
-    run = subprocess.run([sys.executable, "-m", "hpcpar", "launch", "-n", "3", "--timeout", "90",
-                          "--", "python", str(script)], env=mine, capture_output=True,
-                         text=True, timeout=100)  # fmt: skip
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcpar",
+            "launch",
+            "-n",
+            "3",
+            "--timeout",
+            "90",
+            "--",
+            "python",
+            str(script),
+        ],
+        env=mine,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert run.returncode == 4, run.stderr
     assert "left the job without finishing" not in run.stderr, run.stderr
 
@@ -217,8 +237,21 @@ def test_a_killed_launcher_takes_its_whole_job_with_it(tmp_path):
         "time.sleep(100)\n"
     )
     mine = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "HPCPAR_"))}
-    launcher = subprocess.Popen([sys.executable, "-m", "hpcpar", "launch", "-n", "3", "--",
-                                 "python", str(script), str(tmp_path)], env=mine)  # fmt: skip
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hpcpar",
+            "launch",
+            "-n",
+            "3",
+            "--",
+            "python",
+            str(script),
+            str(tmp_path),
+        ],
+        env=mine,
+    )
     try:
         deadline = time.monotonic() + 60
         while len(list(tmp_path.glob("rank-*"))) < 3 and time.monotonic() < deadline:
@@ -266,9 +299,24 @@ def test_a_process_of_the_job_outside_its_process_group_ends_with_the_job(tmp_pa
     )
     mine = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "HPCPAR_"))}
     pid_file = tmp_path / "stray.pid"
-    run = subprocess.run([sys.executable, "-m", "hpcpar", "launch", "-n", "2", "--", "python",
-                          str(script), str(pid_file)], env=mine, capture_output=True, text=True,
-                         timeout=100)  # fmt: skip
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcpar",
+            "launch",
+            "-n",
+            "2",
+            "--",
+            "python",
+            str(script),
+            str(pid_file),
+        ],
+        env=mine,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert run.returncode == 0, run.stderr
     stray = int(pid_file.read_text())
     deadline = time.monotonic() + 10
@@ -311,11 +359,14 @@ hpcpar.allreduce(np.ones(3))
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.reliability("bad_input")
-@pytest.mark.parametrize(("how", "said"), [
-    ("segfault", "(Segmentation fault at {script}:11 in fail)"),
-    ("abort", "(Aborted at {script}:13 in fail)"),
-    ("exit0", "(os._exit or a signal)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        ("segfault", "(Segmentation fault at {script}:11 in fail)"),
+        ("abort", "(Aborted at {script}:13 in fail)"),
+        ("exit0", "(os._exit or a signal)"),
+    ],
+)
 def test_the_rank_that_failed_first_is_named_with_the_documented_status(tmp_path, how, said):
     """Rank 2 of 4 crashes or leaves; the MPI launcher then kills the other three. The
     report names rank 2 alone (with the line it died on, for a fatal signal), and the

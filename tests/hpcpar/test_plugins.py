@@ -46,8 +46,13 @@ def test_another_package_registers_through_the_same_group(tmp_path):
     env = clean_env(PYTHONPATH=str(tmp_path))
 
     def hpcpar(*args):
-        return subprocess.run([sys.executable, "-m", "hpcpar", *args], capture_output=True,
-                              text=True, env=env, timeout=120)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "hpcpar", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
 
     ran = hpcpar("toy", "--word", "plugins")
     assert ran.returncode == 0 and "toy says plugins" in ran.stdout, ran.stderr
@@ -56,10 +61,16 @@ def test_another_package_registers_through_the_same_group(tmp_path):
     probe = hpcpar("info")  # the apps are still there beside it
     assert probe.returncode == 0, probe.stderr
     listed = subprocess.run(
-        [sys.executable, "-c", "from hpcpar.plugins import tour_steps; "
-         "print([s.name for s in tour_steps()][-1])"],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "from hpcpar.plugins import tour_steps; print([s.name for s in tour_steps()][-1])",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert listed.stdout.strip() == "toy step", listed.stderr
 
 
@@ -70,8 +81,13 @@ def test_a_broken_plugin_is_named_and_the_rest_still_works(tmp_path):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenapp\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[hpcpar.plugins]\nbroken = brokenapp\n")
     env = clean_env(PYTHONPATH=str(tmp_path))
-    ran = subprocess.run([sys.executable, "-m", "hpcpar", "--help"], capture_output=True,
-                         text=True, env=env, timeout=120)  # fmt: skip
+    ran = subprocess.run(
+        [sys.executable, "-m", "hpcpar", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert ran.returncode == 0
     assert "plugin 'broken' (brokenapp) failed to load: ImportError: missing dependency" in (
         ran.stderr
@@ -92,12 +108,19 @@ def _parsers(parser, path=()):
 def test_every_numeric_option_is_range_checked():
     from hpcpar.cli.main import build_parser
 
-    raw = [f"hpcpar {' '.join(path)} {'/'.join(a.option_strings)}"
-           for path, parser in _parsers(build_parser()) for a in parser._actions
-           if a.type in (int, float)]  # fmt: skip
+    raw = [
+        f"hpcpar {' '.join(path)} {'/'.join(a.option_strings)}"
+        for path, parser in _parsers(build_parser())
+        for a in parser._actions
+        if a.type in (int, float)
+    ]
     assert not raw, "numeric options without a range check:\n" + "\n".join(raw)
-    checked = [(path, a) for path, parser in _parsers(build_parser()) for a in parser._actions
-               if getattr(a.type, "__name__", "") in ("integer", "number")]  # fmt: skip
+    checked = [
+        (path, a)
+        for path, parser in _parsers(build_parser())
+        for a in parser._actions
+        if getattr(a.type, "__name__", "") in ("integer", "number")
+    ]
     assert len(checked) >= 80
     for _path, action in checked:
         for bad in ("nan", "abc", "1e400x", ""):
@@ -134,15 +157,19 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_work(tmp_path, ca
 
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
-    for argv in (["sgd", "--out", str(a_file / "x.json")],
-                 ["cfr", "--policy", str(tmp_path)],
-                 ["bench", "allreduce-mpi", "--output", "/proc/no/such/place"]):  # fmt: skip
+    for argv in (
+        ["sgd", "--out", str(a_file / "x.json")],
+        ["cfr", "--policy", str(tmp_path)],
+        ["bench", "allreduce-mpi", "--output", "/proc/no/such/place"],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and ("cannot create" in err[0] or "is a folder" in err[0]), err
     with pytest.raises(ResultsError, match="cannot write"):
         atomic_write(a_file / "sub" / "y.json", "{}")
     made = tmp_path / "new" / "deeper" / "r.json"
-    assert main(["simulate", "--nodes", "2", "--ppn", "2", "--max-size", "64",
-                 "--output", str(made)]) == 0  # fmt: skip
+    assert (
+        main(["simulate", "--nodes", "2", "--ppn", "2", "--max-size", "64", "--output", str(made)])
+        == 0
+    )
     assert made.with_suffix(".csv").exists() or (made.parent / "r.json.csv").exists()

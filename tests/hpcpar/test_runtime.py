@@ -70,8 +70,7 @@ def test_collectives_work_after_the_launcher_looked_at_the_library():
         "from hpcpar.runtime.mpiinfo import find_mpi; find_mpi(); import numpy as np, hpcpar; "
         "print(hpcpar.allreduce(np.arange(3.0)).tolist())"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[0.0, 1.0, 2.0]", out.stderr
 
 

@@ -34,9 +34,12 @@ def _names_in_the_source() -> dict[str, str]:
 def test_every_hpcpar_name_in_the_source_is_in_the_table():
     names = _names_in_the_source()
     assert "HPCPAR_CHECK" in names and "HPCPAR_ALGORITHM_ALLREDUCE" in names  # the scan works
-    missing = {n: where for n, where in names.items()
-               if settings.lookup(n) is None and n.rstrip("_") + "_" not in
-               {s.name for s in settings.TABLE}}  # fmt: skip
+    missing = {
+        n: where
+        for n, where in names.items()
+        if settings.lookup(n) is None
+        and n.rstrip("_") + "_" not in {s.name for s in settings.TABLE}
+    }
     assert not missing, f"not in hpcpar/runtime/settings.py: {missing}"
 
 
@@ -60,26 +63,39 @@ def test_the_ranks_agree_on_the_tables_agree_entries():
             assert (entry.name in SETTINGS) == entry.agree, entry.name
 
 
-@pytest.mark.parametrize(("word", "value"), [
-    ("1", True), ("true", True), ("Yes", True), ("on", True), ("0", False), ("false", False),
-    ("no", False), ("OFF", False), ("", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("word", "value"),
+    [
+        ("1", True),
+        ("true", True),
+        ("Yes", True),
+        ("on", True),
+        ("0", False),
+        ("false", False),
+        ("no", False),
+        ("OFF", False),
+        ("", False),
+    ],
+)
 def test_one_vocabulary_of_true_and_false(word, value):
     assert settings.flag("HPCPAR_CHECK", {"HPCPAR_CHECK": word}) is value
     assert settings.flag("HPCPAR_FLIGHT", {}) is True  # its default
 
 
 @pytest.mark.reliability("bad_input")
-@pytest.mark.parametrize(("name", "raw", "message"), [
-    ("HPCPAR_CHECK", "yess", "HPCPAR_CHECK='yess': expected one of 1, true, yes, on, 0,"),
-    ("HPCPAR_FLIGHT", "maybe", "HPCPAR_FLIGHT='maybe': expected one of"),
-    ("HPCPAR_WATCHDOG", "-3", "HPCPAR_WATCHDOG='-3': expected a number of seconds above 0"),
-    ("HPCPAR_TIMEOUT", "soon", "HPCPAR_TIMEOUT='soon': expected a number of seconds above 0"),
-    ("HPCPAR_COPY_THREADS", "0", "HPCPAR_COPY_THREADS='0': expected a whole number"),
-    ("HPCPAR_SEGMENT_BYTES", "4k", "HPCPAR_SEGMENT_BYTES='4k': expected a whole number"),
-    ("HPCPAR_WATCHDOG_ACTION", "reboot", "HPCPAR_WATCHDOG_ACTION='reboot': expected abort or"),
-    ("HPCPAR_LAUNCHER", "ssh", "HPCPAR_LAUNCHER='ssh': expected auto or mpiexec or srun"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "raw", "message"),
+    [
+        ("HPCPAR_CHECK", "yess", "HPCPAR_CHECK='yess': expected one of 1, true, yes, on, 0,"),
+        ("HPCPAR_FLIGHT", "maybe", "HPCPAR_FLIGHT='maybe': expected one of"),
+        ("HPCPAR_WATCHDOG", "-3", "HPCPAR_WATCHDOG='-3': expected a number of seconds above 0"),
+        ("HPCPAR_TIMEOUT", "soon", "HPCPAR_TIMEOUT='soon': expected a number of seconds above 0"),
+        ("HPCPAR_COPY_THREADS", "0", "HPCPAR_COPY_THREADS='0': expected a whole number"),
+        ("HPCPAR_SEGMENT_BYTES", "4k", "HPCPAR_SEGMENT_BYTES='4k': expected a whole number"),
+        ("HPCPAR_WATCHDOG_ACTION", "reboot", "HPCPAR_WATCHDOG_ACTION='reboot': expected abort or"),
+        ("HPCPAR_LAUNCHER", "ssh", "HPCPAR_LAUNCHER='ssh': expected auto or mpiexec or srun"),
+    ],
+)
 def test_a_value_typo_is_refused_naming_the_variable(name, raw, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         settings.value(name, {name: raw})
@@ -95,8 +111,13 @@ def test_a_typo_fails_a_command_at_its_start_with_one_line(variable):
     from launching import clean_env
 
     name, raw = variable.split("=")
-    done = subprocess.run([sys.executable, "-m", "hpcpar", "info"], capture_output=True,
-                          text=True, timeout=60, env=clean_env(**{name: raw}))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcpar", "info"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(**{name: raw}),
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().startswith(f"hpcpar: error: {name}={raw!r}: expected one of")
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -105,7 +126,12 @@ def test_a_typo_fails_a_command_at_its_start_with_one_line(variable):
 def test_info_names_a_variable_that_is_no_setting():
     from launching import clean_env
 
-    done = subprocess.run([sys.executable, "-m", "hpcpar", "info"], capture_output=True,
-                          text=True, timeout=60, env=clean_env(HPCPAR_CHEK="1"))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcpar", "info"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(HPCPAR_CHEK="1"),
+    )
     assert done.returncode == 0, done.stderr
     assert "HPCPAR_CHEK (no such setting: a typo?)" in done.stdout, done.stdout

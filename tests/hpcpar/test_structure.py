@@ -9,8 +9,11 @@ from pathlib import Path
 import hpcpar
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"hpcpar": ROOT / "hpcpar", "hpcpar.checkpoint": ROOT / "checkpoint",
-            "hpcpar.apps": ROOT / "apps"}  # fmt: skip
+PACKAGES = {
+    "hpcpar": ROOT / "hpcpar",
+    "hpcpar.checkpoint": ROOT / "checkpoint",
+    "hpcpar.apps": ROOT / "apps",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -78,11 +81,21 @@ LAYERS = [
     ("datatypes", ["hpcpar.datatypes"]),
     ("collectives", ["hpcpar.collectives"]),
     ("p2p, halo, checkpoint", ["hpcpar.p2p", "hpcpar.halo", "hpcpar.checkpoint"]),
-    ("cli, bench, launcher", ["hpcpar.cli", "hpcpar.bench", "hpcpar.launcher", "hpcpar.run",
-                              "hpcpar.vcluster", "hpcpar.plugins", "hpcpar.testing",
-                              "hpcpar.__main__"]),
+    (
+        "cli, bench, launcher",
+        [
+            "hpcpar.cli",
+            "hpcpar.bench",
+            "hpcpar.launcher",
+            "hpcpar.run",
+            "hpcpar.vcluster",
+            "hpcpar.plugins",
+            "hpcpar.testing",
+            "hpcpar.__main__",
+        ],
+    ),
     ("apps", ["hpcpar.apps"]),
-]  # fmt: skip
+]
 
 
 def _layer(module: str) -> int | None:
@@ -109,15 +122,31 @@ def test_imports_only_run_down_the_layers():
             if target.startswith("hpcpar") and target != "hpcpar":
                 mine, theirs = _layer(name), _layer(target)
                 if theirs is not None and mine is not None and theirs > mine:
-                    upward.append(f"{name} ({LAYERS[mine][0]}) imports {target} "
-                                  f"({LAYERS[theirs][0]})")  # fmt: skip
+                    upward.append(
+                        f"{name} ({LAYERS[mine][0]}) imports {target} ({LAYERS[theirs][0]})"
+                    )
     assert upward == [], "\n".join(upward)
 
 
+def test_the_formatter_is_the_house_style():
+    """Nothing opts out of ``ruff format`` (which CI checks): no fmt directives."""
+    directive = "# fmt: " + "skip"
+    found = [
+        str(p.relative_to(ROOT))
+        for folder in ("hpcpar", "apps", "checkpoint", "tests", "jobs")
+        for p in (ROOT / folder).rglob("*.py")
+        if directive in p.read_text() or "# fmt: " + "off" in p.read_text()
+    ]
+    assert found == [], found
+
+
 def test_no_module_imports_another_modules_private_names():
-    borrowed = [f"{n} imports {item} from {t}" for n, found in GRAPH.items()
-                for t, item in found if item and item.startswith("_")
-                and not item.startswith("__") and t in MODULES]  # fmt: skip
+    borrowed = [
+        f"{n} imports {item} from {t}"
+        for n, found in GRAPH.items()
+        for t, item in found
+        if item and item.startswith("_") and not item.startswith("__") and t in MODULES
+    ]
     assert not borrowed, "\n".join(borrowed)
 
 
@@ -134,9 +163,13 @@ def test_every_module_says_what_it_is_for_and_declares_all():
         doc = ast.get_docstring(tree)
         if not doc or not doc.splitlines()[0].strip():
             missing.append(f"{name}: no one-line docstring")
-        names = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
-                 if isinstance(t, ast.Name)}  # fmt: skip
+        names = {
+            t.id
+            for node in tree.body
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(t, ast.Name)
+        }
         if "__all__" not in names and not name.endswith("__main__"):
             missing.append(f"{name}: no __all__")
     assert not missing, "\n".join(missing)

@@ -16,14 +16,32 @@ JOB = str(Path(__file__).parent.parent / "helpers" / "watchdog_job.py")
 
 
 def entry(seq, operation="allreduce", start=0.0, end=None, count=3, comm="world", **more):
-    return {"comm": comm, "seq": seq, "operation": operation, "algorithm": "mpi",
-            "count": count, "dtype": "float64", "op": "SUM", "root": None,
-            "site": "job.py:9 in main", "start": start, "end": end, "calls": 1, **more}  # fmt: skip
+    return {
+        "comm": comm,
+        "seq": seq,
+        "operation": operation,
+        "algorithm": "mpi",
+        "count": count,
+        "dtype": "float64",
+        "op": "SUM",
+        "root": None,
+        "site": "job.py:9 in main",
+        "start": start,
+        "end": end,
+        "calls": 1,
+        **more,
+    }
 
 
 def write(folder, rank, entries, host="node0"):
-    doc = {"format": "hpcpar-trace", "version": 1, "rank": rank, "host": host, "pid": 1,
-           "entries": entries}  # fmt: skip
+    doc = {
+        "format": "hpcpar-trace",
+        "version": 1,
+        "rank": rank,
+        "host": host,
+        "pid": 1,
+        "entries": entries,
+    }
     (folder / f"rank{rank}.json").write_text(json.dumps(doc))
 
 
@@ -71,8 +89,11 @@ def test_a_rank_that_arrives_late_again_and_again_is_named(tmp_path):
         write(tmp_path, rank, [entry(s, start=s, end=s + 0.01) for s in range(30)])
     assert trace.slow_ranks(trace.load(tmp_path))[0] == []
     for rank in range(4):
-        write(tmp_path, rank, [entry(s, start=s + (0.004 if rank == 2 else 0), end=s + 0.01)
-                               for s in range(5)])  # fmt: skip
+        write(
+            tmp_path,
+            rank,
+            [entry(s, start=s + (0.004 if rank == 2 else 0), end=s + 0.01) for s in range(5)],
+        )
     assert trace.slow_ranks(trace.load(tmp_path))[0] == []
 
 
@@ -89,17 +110,25 @@ def test_clocks_of_other_hosts_are_aligned_on_the_ends_of_collectives(tmp_path):
     one = next(e for e in spans if e["pid"] == 1 and e["args"]["seq"] == 0)
     assert one["ts"] == pytest.approx(0.2e6) and one["dur"] == pytest.approx(0.3e6)
     assert {e["args"]["name"] for e in events if e["name"] == "process_name"} == {
-        "rank 0", "rank 1", "rank 2"}  # fmt: skip
+        "rank 0",
+        "rank 1",
+        "rank 2",
+    }
 
 
 @pytest.mark.reliability("bad_input")
-@pytest.mark.parametrize(("content", "message"), [
-    ("{", "not a trace file"),
-    ('{"format": "other"}', "not an hpcpar trace file"),
-    ('{"format": "hpcpar-trace", "version": 9}', "trace version 9"),
-    ('{"format": "hpcpar-trace", "version": 1, "rank": 0, "host": "h", "entries": [{}]}',
-     "entry 0: bad 'comm'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{", "not a trace file"),
+        ('{"format": "other"}', "not an hpcpar trace file"),
+        ('{"format": "hpcpar-trace", "version": 9}', "trace version 9"),
+        (
+            '{"format": "hpcpar-trace", "version": 1, "rank": 0, "host": "h", "entries": [{}]}',
+            "entry 0: bad 'comm'",
+        ),
+    ],
+)
 def test_bad_trace_files_are_one_line_and_status_2(tmp_path, content, message):
     (tmp_path / "rank0.json").write_text(content)
     with pytest.raises(trace.TraceError, match=message):
@@ -118,8 +147,11 @@ def test_records_of_two_jobs_in_one_folder_are_refused_not_merged(tmp_path):
     for rank in range(2):  # a later job of 2 ranks writes over ranks 0 and 1
         doc = json.loads((tmp_path / f"rank{rank}.json").read_text())
         (tmp_path / f"rank{rank}.json").write_text(json.dumps({**doc, "size": 2, "job": "b"}))
-    with pytest.raises(trace.TraceError, match=r"records of different jobs \(rank\(s\) 0,1 of a "
-                       r"job of 2 rank\(s\) \(b\); rank\(s\) 2,3 of a job of None"):  # fmt: skip
+    with pytest.raises(
+        trace.TraceError,
+        match=r"records of different jobs \(rank\(s\) 0,1 of a "
+        r"job of 2 rank\(s\) \(b\); rank\(s\) 2,3 of a job of None",
+    ):
         trace.load(tmp_path)
 
 
@@ -128,8 +160,19 @@ def test_records_of_two_jobs_in_one_folder_are_refused_not_merged(tmp_path):
 def test_a_folder_traced_by_two_jobs_is_refused_with_one_line(tmp_path):
     folder = tmp_path / "trace"
     for ranks in (4, 2):
-        job = hpcpar("launch", "-n", str(ranks), "--timeout", "90", "--", JOB, "slow", "0.001",
-                     env=clean_env(HPCPAR_TRACE=str(folder)), timeout=120)  # fmt: skip
+        job = hpcpar(
+            "launch",
+            "-n",
+            str(ranks),
+            "--timeout",
+            "90",
+            "--",
+            JOB,
+            "slow",
+            "0.001",
+            env=clean_env(HPCPAR_TRACE=str(folder)),
+            timeout=120,
+        )
         assert job.returncode == 0, job.stderr
     shown = hpcpar("trace", str(folder))
     assert shown.returncode == 2, shown.stdout
@@ -140,8 +183,19 @@ def test_a_folder_traced_by_two_jobs_is_refused_with_one_line(tmp_path):
 @pytest.mark.slow
 def test_a_traced_job_names_its_slow_rank_and_opens_in_perfetto(tmp_path):
     folder = tmp_path / "trace"
-    job = hpcpar("launch", "-n", "3", "--timeout", "90", "--", JOB, "slow", "0.01",
-                 env=clean_env(HPCPAR_TRACE=str(folder)), timeout=120)  # fmt: skip
+    job = hpcpar(
+        "launch",
+        "-n",
+        "3",
+        "--timeout",
+        "90",
+        "--",
+        JOB,
+        "slow",
+        "0.01",
+        env=clean_env(HPCPAR_TRACE=str(folder)),
+        timeout=120,
+    )
     assert job.returncode == 0, job.stderr
     assert sorted(p.name for p in folder.iterdir()) == ["rank0.json", "rank1.json", "rank2.json"]
     shown = hpcpar("trace", str(folder), "--chrome", str(tmp_path / "t.json"))
@@ -156,8 +210,20 @@ def test_a_traced_job_names_its_slow_rank_and_opens_in_perfetto(tmp_path):
 @pytest.mark.slow
 def test_a_job_the_watchdog_ends_leaves_its_trace_with_the_divergence(tmp_path):
     folder = tmp_path / "trace"
-    job = hpcpar("launch", "-n", "3", "--timeout", "90", "--watchdog", "2", "--", JOB,
-                 "mismatch", env=clean_env(HPCPAR_TRACE=str(folder)), timeout=120)  # fmt: skip
+    job = hpcpar(
+        "launch",
+        "-n",
+        "3",
+        "--timeout",
+        "90",
+        "--watchdog",
+        "2",
+        "--",
+        JOB,
+        "mismatch",
+        env=clean_env(HPCPAR_TRACE=str(folder)),
+        timeout=120,
+    )
     assert job.returncode == 4, job.stderr
     shown = hpcpar("trace", str(folder))
     assert shown.returncode == 0, shown.stderr
@@ -169,8 +235,21 @@ def test_a_job_the_watchdog_ends_leaves_its_trace_with_the_divergence(tmp_path):
 
 @pytest.mark.slow
 def test_the_watchdog_warns_live_about_a_rank_that_arrives_late_while_tracing(tmp_path):
-    job = hpcpar("launch", "-n", "3", "--timeout", "90", "--watchdog", "30", "--", JOB, "slow",
-                 "0.2", env=clean_env(HPCPAR_TRACE=str(tmp_path / "t")), timeout=120)  # fmt: skip
+    job = hpcpar(
+        "launch",
+        "-n",
+        "3",
+        "--timeout",
+        "90",
+        "--watchdog",
+        "30",
+        "--",
+        JOB,
+        "slow",
+        "0.2",
+        env=clean_env(HPCPAR_TRACE=str(tmp_path / "t")),
+        timeout=120,
+    )
     assert job.returncode == 0, job.stderr
     warnings = [line for line in job.stderr.splitlines() if line.startswith("hpcpar watchdog:")]
     assert len(warnings) == 1, job.stderr

@@ -183,9 +183,20 @@ def test_collectives_across_tcp_node_boundaries(cluster):
         "print('hosts', *hosts) if hosts else None"
     )
     cyclic = hpcpar(
-        "vcluster", "run", "--ppn", "2", "--distribution", "cyclic", "--timeout", "60",
-        "--", "python", "-c", where, timeout=90,
-    )  # fmt: skip
+        "vcluster",
+        "run",
+        "--ppn",
+        "2",
+        "--distribution",
+        "cyclic",
+        "--timeout",
+        "60",
+        "--",
+        "python",
+        "-c",
+        where,
+        timeout=90,
+    )
     placed = [line.split()[1:] for line in cyclic.stdout.splitlines() if line[:6] == "hosts "]
     assert placed == [["vnode0", "vnode1", "vnode0", "vnode1"]], cyclic.stdout + cyclic.stderr
 
@@ -200,11 +211,27 @@ def test_allreduce_over_three_nodes_across_tcp():
         up = hpcpar("vcluster", "up", "--nodes", "3", "--link", "50us,1gbit")
         assert up.returncode == 0, up.stderr
         proc = hpcpar(
-            "vcluster", "run", "--ppn", "1", "--timeout", "200", "--",
-            "python", "-m", "pytest", "--with-mpi", "-m", "mpi", "-q", "-p", "no:cacheprovider",
-            "tests/hpcpar/test_collectives_reduce.py", "-k", "test_allreduce_against_numpy",
+            "vcluster",
+            "run",
+            "--ppn",
+            "1",
+            "--timeout",
+            "200",
+            "--",
+            "python",
+            "-m",
+            "pytest",
+            "--with-mpi",
+            "-m",
+            "mpi",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/hpcpar/test_collectives_reduce.py",
+            "-k",
+            "test_allreduce_against_numpy",
             timeout=260,
-        )  # fmt: skip
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
         assert " passed" in proc.stdout and "failed" not in proc.stdout
     finally:
@@ -278,11 +305,29 @@ def test_bench_collectives_on_the_vcluster_in_one_command(tmp_path):
     hpcpar("vcluster", "down")
     out = tmp_path / "vc"
     proc = hpcpar(
-        "bench", "collectives", "--vcluster", "2x2", "--distribution", "cyclic",
-        "--link", "50us,1gbit", "--no-gloo", "--algorithms", "auto,two_level",
-        "--min-size", "64KiB", "--max-size", "64KiB", "--repeats", "1", "--min-time", "0.01",
-        "--output", str(out), timeout=560,
-    )  # fmt: skip
+        "bench",
+        "collectives",
+        "--vcluster",
+        "2x2",
+        "--distribution",
+        "cyclic",
+        "--link",
+        "50us,1gbit",
+        "--no-gloo",
+        "--algorithms",
+        "auto,two_level",
+        "--min-size",
+        "64KiB",
+        "--max-size",
+        "64KiB",
+        "--repeats",
+        "1",
+        "--min-time",
+        "0.01",
+        "--output",
+        str(out),
+        timeout=560,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert leftovers() == []
     doc = json.loads((tmp_path / "vc.json").read_text())
@@ -299,6 +344,20 @@ def test_bench_collectives_on_the_vcluster_in_one_command(tmp_path):
 def test_the_command_run_again_inside_the_cluster_keeps_its_own_options():
     from hpcpar.bench.on_vcluster import _own_arguments
 
-    argv = ["/x/hpcpar", "bench", "sgd", "--vcluster", "2x1", "--model", "mlp", "--link=1us,1gbit",
-            "--output", "o", "--distribution", "cyclic", "--epochs", "1"]  # fmt: skip
+    argv = [
+        "/x/hpcpar",
+        "bench",
+        "sgd",
+        "--vcluster",
+        "2x1",
+        "--model",
+        "mlp",
+        "--link=1us,1gbit",
+        "--output",
+        "o",
+        "--distribution",
+        "cyclic",
+        "--epochs",
+        "1",
+    ]
     assert _own_arguments(argv, "sgd") == ["--model", "mlp", "--epochs", "1"]

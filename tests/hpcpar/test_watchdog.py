@@ -29,11 +29,27 @@ def _record(record_property):
 
 def run(ranks: int, mode: str, *args: str, limit: float = LIMIT, **env: str):
     started = time.time()
-    done = hpcpar("launch", "-n", str(ranks), "--timeout", "90", "--watchdog", f"{limit:g}",
-                  "--", JOB, mode, *args, env=clean_env(**env), timeout=120)  # fmt: skip
+    done = hpcpar(
+        "launch",
+        "-n",
+        str(ranks),
+        "--timeout",
+        "90",
+        "--watchdog",
+        f"{limit:g}",
+        "--",
+        JOB,
+        mode,
+        *args,
+        env=clean_env(**env),
+        timeout=120,
+    )
     ended = time.time()
-    report = [line[len("hpcpar watchdog: "):] for line in done.stderr.splitlines()
-              if line.startswith("hpcpar watchdog: ")]  # fmt: skip
+    report = [
+        line[len("hpcpar watchdog: ") :]
+        for line in done.stderr.splitlines()
+        if line.startswith("hpcpar watchdog: ")
+    ]
     hang = re.search(r"hang from ([0-9.]+)", done.stdout)
     waited = ended - float(hang.group(1)) if hang else None
     assert ended - started < 90, done.stderr
@@ -66,10 +82,13 @@ def test_a_rank_that_never_joins_an_allreduce_is_named_with_its_function(ranks):
 
 
 @pytest.mark.reliability("hang")
-@pytest.mark.parametrize(("ranks", "mode", "operation"), [
-    (2, "barrier", "barrier #3 on world (mpi)"),
-    (3, "checkpoint", "checkpoint save #0 on checkpoint"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("ranks", "mode", "operation"),
+    [
+        (2, "barrier", "barrier #3 on world (mpi)"),
+        (3, "checkpoint", "checkpoint save #0 on checkpoint"),
+    ],
+)
 def test_barriers_and_checkpoint_saves_are_watched_too(ranks, mode, operation):
     done, report, waited = run(ranks, mode)
     assert done.returncode == 4, done.stderr
@@ -115,8 +134,11 @@ def test_a_hang_in_the_data_parallel_communication_thread_is_reported_at_the_use
     done, report, waited = run(2, "torch_overlap")
     assert done.returncode == 4, done.stderr
     assert report and report[0].startswith(("allreduce #", "iallreduce #")), report
-    backward = next(i for i, line in enumerate(Path(JOB).read_text().splitlines(), 1)
-                    if line.strip() == "loss.backward()")  # fmt: skip
+    backward = next(
+        i
+        for i, line in enumerate(Path(JOB).read_text().splitlines(), 1)
+        if line.strip() == "loss.backward()"
+    )
     assert _ranks(report, rf"^rank 0: inside it for .*watchdog_job\.py:{backward} in main"), report
     assert _ranks(report, r"^rank 1: not in it;.*stuck_in_a_named_function"), report
     assert waited is not None and waited < 2 * LIMIT + 2, (waited, report)
@@ -174,8 +196,9 @@ def test_every_rank_blocked_in_a_direct_mpi_call_is_named_in_it(ranks):
     assert report and report[0].startswith("an MPI call: rank(s) "), report
     for r in range(ranks - 1):
         line = _ranks(report, rf"^rank {r}: ")
-        assert re.search(r"in an MPI call for [0-9.]+ s at .*watchdog_job\.py:\d+ in main",
-                         line), report  # fmt: skip
+        assert re.search(r"in an MPI call for [0-9.]+ s at .*watchdog_job\.py:\d+ in main", line), (
+            report
+        )
     assert _ranks(report, rf"^rank {ranks - 1}: not in it;.*stuck_in_a_named_function"), report
 
 
@@ -194,10 +217,13 @@ def test_report_only_lets_a_late_rank_finish():
 
 
 @pytest.mark.reliability("bad_input")
-@pytest.mark.parametrize(("variable", "value", "message"), [
-    ("HPCPAR_WATCHDOG", "soon", "HPCPAR_WATCHDOG='soon': expected a number of seconds"),
-    ("HPCPAR_WATCHDOG_ACTION", "reboot", "HPCPAR_WATCHDOG_ACTION='reboot': expected abort"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("HPCPAR_WATCHDOG", "soon", "HPCPAR_WATCHDOG='soon': expected a number of seconds"),
+        ("HPCPAR_WATCHDOG_ACTION", "reboot", "HPCPAR_WATCHDOG_ACTION='reboot': expected abort"),
+    ],
+)
 def test_bad_settings_are_one_line_and_status_2(variable, value, message):
     env = {"HPCPAR_WATCHDOG": "5", variable: value}
     done = hpcpar("launch", "-n", "2", "--timeout", "60", "--", "info", env=clean_env(**env))
@@ -212,8 +238,13 @@ def test_bad_settings_inside_a_job_started_by_hand_are_one_line_on_every_rank():
 
     mpiexec = plan_launch(2, ["info"], known_commands=["info"]).argv[0]
     env = clean_env(HPCPAR_WATCHDOG="-1")
-    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "hpcpar", "info"],
-                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    done = subprocess.run(
+        [mpiexec, "-n", "2", sys.executable, "-m", "hpcpar", "info"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == (
         "hpcpar: error: HPCPAR_WATCHDOG='-1': expected a number of seconds above 0"

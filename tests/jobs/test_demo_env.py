@@ -46,8 +46,9 @@ def test_the_demo_passes_with_only_its_own_setup(tmp_path):
     env = clean_env()
     env.pop("VIRTUAL_ENV", None)
     argv = dev.demo_argv(DEMO_VENV, "--results", str(tmp_path / "demo-results"))
-    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=900, check=False)  # fmt: skip
+    proc = subprocess.run(
+        argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False
+    )
     logs = "\n".join(p.read_text() for p in sorted((tmp_path / "demo-results").glob("*.log")))
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}\n{logs[-3000:]}"
     assert "demo passed" in proc.stdout and "FAILED" not in proc.stdout
@@ -70,12 +71,19 @@ def test_the_demo_passes_with_only_its_own_setup(tmp_path):
     python = str(dev.bin_dir(DEMO_VENV) / "python")
     # a second demo in the same results folder kills and resumes afresh (resuming the
     # first demo's finished checkpoint would kill nothing and fail the step)
-    again = subprocess.run([python, "-c", SGD_STEP_AGAIN, str(results)], env=env,
-                           capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    again = subprocess.run(
+        [python, "-c", SGD_STEP_AGAIN, str(results)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     assert "killed (exit" in again.stdout and "killed (exit 0)" not in again.stdout, again.stdout
     # the environment really is the demo's: nothing of the test extras is in it
-    listed = subprocess.run([python, "-m", "pip", "list"],
-                            capture_output=True, text=True, check=True).stdout.lower()  # fmt: skip
+    listed = subprocess.run(
+        [python, "-m", "pip", "list"], capture_output=True, text=True, check=True
+    ).stdout.lower()
     assert "pytest" not in listed and "torch" not in listed
     assert "scikit-learn" in listed and "matplotlib" in listed

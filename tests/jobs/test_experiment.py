@@ -72,27 +72,42 @@ def test_sweep_records_failures_resumes_and_reports(tmp_path, capsys):
     ("text", "message"),
     [
         ("[sweep\ncommand = 'x'", "is not valid TOML"),
-        ("[experiment]\nnmae = 'x'\n[sweep]\ncommand = 'demo'\nranks = [1]",
-         r"unknown key\(s\) \['nmae'\] in \[experiment\]; valid: name, oversubscribe"),
+        (
+            "[experiment]\nnmae = 'x'\n[sweep]\ncommand = 'demo'\nranks = [1]",
+            r"unknown key\(s\) \['nmae'\] in \[experiment\]; valid: name, oversubscribe",
+        ),
         ("[sweeps]\ncommand = 'demo'", r"unknown table\(s\) \['sweeps'\]"),
         ("[sweep]\ncommand = 'demo'\nranks = [0]", "positive integers"),
         ("[sweep]\ncommand = 'bench {what}'\nranks = [1]", r"uses \{what\}"),
         ("[sweep]\ncommand = 'demo'\nranks = [1, 4096]", "set oversubscribe = true"),
-        ("[experiment]\nwhere = 'cloud'\n[sweep]\ncommand = 'demo'\nranks = [1]",
-         "where = 'cloud'; valid: local, vcluster, slurm"),
-        ("[vcluster]\nnodse = 2\n[sweep]\ncommand = 'demo'\nranks = [1]",
-         r"unknown key\(s\) \['nodse'\] in \[vcluster\]; valid: link, nodes"),
-        ("[experiment]\nwhere = 'vcluster'\n[sweep]\ncommand = 'demo'\nranks = [2, 3]",
-         r"ranks \[3\] do not divide over the virtual cluster's 2 node"),
-        ("[experiment]\nwhere = 'vcluster'\n[sweep]\ncommand = 'demo'\nranks = [2]\n"
-         "layout = ['ppn:1']", "remove layout from"),
-        ("[slurm]\nlauncher = 'ssh'\n[sweep]\ncommand = 'demo'\nranks = [1]",
-         "srun or mpiexec, not 'ssh'"),
+        (
+            "[experiment]\nwhere = 'cloud'\n[sweep]\ncommand = 'demo'\nranks = [1]",
+            "where = 'cloud'; valid: local, vcluster, slurm",
+        ),
+        (
+            "[vcluster]\nnodse = 2\n[sweep]\ncommand = 'demo'\nranks = [1]",
+            r"unknown key\(s\) \['nodse'\] in \[vcluster\]; valid: link, nodes",
+        ),
+        (
+            "[experiment]\nwhere = 'vcluster'\n[sweep]\ncommand = 'demo'\nranks = [2, 3]",
+            r"ranks \[3\] do not divide over the virtual cluster's 2 node",
+        ),
+        (
+            "[experiment]\nwhere = 'vcluster'\n[sweep]\ncommand = 'demo'\nranks = [2]\n"
+            "layout = ['ppn:1']",
+            "remove layout from",
+        ),
+        (
+            "[slurm]\nlauncher = 'ssh'\n[sweep]\ncommand = 'demo'\nranks = [1]",
+            "srun or mpiexec, not 'ssh'",
+        ),
         ("[slurm]\ntime = 'soon'\n[sweep]\ncommand = 'demo'\nranks = [1]", "--time must be"),
-        ("[slurm]\nsbatch_args = '--qos=x'\n[sweep]\ncommand = 'demo'\nranks = [1]",
-         "list of strings"),
+        (
+            "[slurm]\nsbatch_args = '--qos=x'\n[sweep]\ncommand = 'demo'\nranks = [1]",
+            "list of strings",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_configs_are_refused_with_what_is_wrong(tmp_path, text, message):
     with pytest.raises(UsageError, match=message):
         load_config(_config(tmp_path, text.replace("{", "{{").replace("}", "}}")))
@@ -133,11 +148,21 @@ def test_graph_sweeps_get_a_teps_per_partition_plot(tmp_path):
     from hpcpar.cli.experiment import report
     from hpcpar.runtime.results import write_json
 
-    rows = [{"point": f"p{k}", "status": "ok", "results": 1, "ranks": ranks, "layout": "ppn:1",
-             "partition": part, "bfs_harmonic_mean_teps": 1e6 * (k + 1),
-             "sssp_harmonic_mean_teps": 1e5 * (k + 1)}
-            for k, (ranks, part) in enumerate((r, p) for r in (2, 4)
-                                              for p in ("1d-vertex", "2d", "hier"))]  # fmt: skip
+    rows = [
+        {
+            "point": f"p{k}",
+            "status": "ok",
+            "results": 1,
+            "ranks": ranks,
+            "layout": "ppn:1",
+            "partition": part,
+            "bfs_harmonic_mean_teps": 1e6 * (k + 1),
+            "sssp_harmonic_mean_teps": 1e5 * (k + 1),
+        }
+        for k, (ranks, part) in enumerate(
+            (r, p) for r in (2, 4) for p in ("1d-vertex", "2d", "hier")
+        )
+    ]
     write_json(tmp_path / "results.json", rows, comm=None)
     written = report(tmp_path)
     png = tmp_path / "teps-per-partition.png"

@@ -24,10 +24,16 @@ HPCPAR = str(Path(sys.executable).with_name("hpcpar"))
 
 
 def test_rendered_script_has_the_allocation_placeholders_and_the_app():
-    text = render_sbatch("cfr", 3, 8, cpus_per_task=2, time_limit="1-02:00:00",
-                         partition="short", launcher="mpiexec")  # fmt: skip
-    for line in ("#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=8", "#SBATCH --cpus-per-task=2",
-                 "#SBATCH --time=1-02:00:00", "#SBATCH --partition=short"):  # fmt: skip
+    text = render_sbatch(
+        "cfr", 3, 8, cpus_per_task=2, time_limit="1-02:00:00", partition="short", launcher="mpiexec"
+    )
+    for line in (
+        "#SBATCH --nodes=3",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --cpus-per-task=2",
+        "#SBATCH --time=1-02:00:00",
+        "#SBATCH --partition=short",
+    ):
         assert line in text.splitlines()
     assert "PLACEHOLDER" in text and "# module load" in text  # commented out, marked
     assert '--launcher "${HPCPAR_LAUNCHER:-mpiexec}"' in text
@@ -40,9 +46,13 @@ def test_rendered_script_has_the_allocation_placeholders_and_the_app():
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"app": "nope"}, "unknown app 'nope'"), ({"nodes": 0}, "at least 1"),
-     ({"time_limit": "ten minutes"}, "--time must be"), ({"launcher": "aprun"}, "srun or mpiexec")],
-)  # fmt: skip
+    [
+        ({"app": "nope"}, "unknown app 'nope'"),
+        ({"nodes": 0}, "at least 1"),
+        ({"time_limit": "ten minutes"}, "--time must be"),
+        ({"launcher": "aprun"}, "srun or mpiexec"),
+    ],
+)
 def test_bad_script_requests_are_refused(kwargs, message):
     args = {"app": "cfr", "nodes": 1, "ppn": 1, **kwargs}
     with pytest.raises(UsageError, match=message):
@@ -52,8 +62,25 @@ def test_bad_script_requests_are_refused(kwargs, message):
 def test_committed_scripts_are_what_the_generator_writes(tmp_path):
     for app in APPS:
         out = tmp_path / f"{app}.sbatch"
-        assert main(["jobs", "slurm", "--app", app, "--nodes", "2", "--ppn", "4",
-                     "--time", "00:20:00", "--output", str(out)]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "jobs",
+                    "slurm",
+                    "--app",
+                    app,
+                    "--nodes",
+                    "2",
+                    "--ppn",
+                    "4",
+                    "--time",
+                    "00:20:00",
+                    "--output",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         assert out.read_text() == (ROOT / "jobs" / "slurm" / f"{app}.sbatch").read_text(), app
 
 
@@ -79,8 +106,12 @@ def slurm(tmp_path_factory):
 
 
 def _run_script(slurm, tmp_path, app, launcher="srun", script=None):
-    env = dict(slurm.env, HPCPAR=HPCPAR, HPCPAR_RESULTS=str(tmp_path / "the results"),
-               HPCPAR_LAUNCHER=launcher)  # fmt: skip
+    env = dict(
+        slurm.env,
+        HPCPAR=HPCPAR,
+        HPCPAR_RESULTS=str(tmp_path / "the results"),
+        HPCPAR_LAUNCHER=launcher,
+    )
     env.pop("HPCPAR_LAYOUT", None)
     script = script or ROOT / "jobs" / "slurm" / f"{app}.sbatch"
     # one node here: the committed scripts ask for 2 x 4; run them as 1 x 4
@@ -89,9 +120,17 @@ def _run_script(slurm, tmp_path, app, launcher="srun", script=None):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("app", "launcher"), [("cfr", "srun"), ("sgd", "srun"),
-                                               ("sat", "mpiexec"), ("bench", "mpiexec"),
-                                               ("graph", "srun"), ("demo", "srun")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("app", "launcher"),
+    [
+        ("cfr", "srun"),
+        ("sgd", "srun"),
+        ("sat", "mpiexec"),
+        ("bench", "mpiexec"),
+        ("graph", "srun"),
+        ("demo", "srun"),
+    ],
+)
 def test_each_apps_batch_script_runs_under_slurm(slurm, tmp_path, app, launcher):
     res = _run_script(slurm, tmp_path, app, launcher)
     log = Path(res["log"])
@@ -123,8 +162,21 @@ def test_each_apps_batch_script_runs_under_slurm(slurm, tmp_path, app, launcher)
 
 def test_a_failing_job_is_reported_failed_with_its_log(slurm, tmp_path, capsys):
     script = tmp_path / "bad.sbatch"
-    main(["jobs", "slurm", "--app", "cfr", "--ppn", "2", "--output", str(script), "--",
-          "--game", "no_such_game"])  # fmt: skip
+    main(
+        [
+            "jobs",
+            "slurm",
+            "--app",
+            "cfr",
+            "--ppn",
+            "2",
+            "--output",
+            str(script),
+            "--",
+            "--game",
+            "no_such_game",
+        ]
+    )
     res = _run_script(slurm, tmp_path, "cfr", script=script)
     assert res["state"] == "FAILED" and res["exit_code"] == 2
     assert "unknown game 'no_such_game'" in Path(res["log"]).read_text()
@@ -149,8 +201,7 @@ size = ["8", "bogus"]
 
 
 @pytest.mark.timeout(600)
-def test_a_sweep_runs_as_batch_jobs_and_a_rerun_collects_queued_ones(slurm, tmp_path,
-                                                                     monkeypatch):  # fmt: skip
+def test_a_sweep_runs_as_batch_jobs_and_a_rerun_collects_queued_ones(slurm, tmp_path, monkeypatch):
     from hpcpar.cli.experiment import load_config, run_sweep
 
     for key in ("SLURM_CONF", "PATH"):

@@ -22,8 +22,10 @@ from launching import clean_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SESSION = ROOT / "tests" / "helpers" / "teardown_session.py"
-SUPERVISED = "import sys; sys.path.insert(0, sys.argv[1]); import dev; dev.adopt_orphans(); " \
-             "sys.exit(dev.supervise(sys.argv[2:]))"  # fmt: skip
+SUPERVISED = (
+    "import sys; sys.path.insert(0, sys.argv[1]); import dev; dev.adopt_orphans(); "
+    "sys.exit(dev.supervise(sys.argv[2:]))"
+)
 
 pytestmark = [
     pytest.mark.slow,  # starts Slurm, a virtual cluster and MPI jobs
@@ -65,12 +67,25 @@ def test_a_stopped_run_leaves_nothing_running(tmp_path, how):
     token = f"teardown-{os.getpid()}-{how}"
     ready = tmp_path / "ready.json"
     env = clean_env(READY_FILE=str(ready), TEARDOWN_TOKEN=token)
-    pytest_argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                   "-o", "addopts=", str(SESSION)]  # fmt: skip
-    argv = pytest_argv if how == "sigterm-pytest" else \
-        [sys.executable, "-c", SUPERVISED, str(ROOT), *pytest_argv]  # fmt: skip
-    run = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    pytest_argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        str(SESSION),
+    ]
+    argv = (
+        pytest_argv
+        if how == "sigterm-pytest"
+        else [sys.executable, "-c", SUPERVISED, str(ROOT), *pytest_argv]
+    )
+    run = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         deadline = time.monotonic() + 240
         while not ready.exists() and run.poll() is None and time.monotonic() < deadline:

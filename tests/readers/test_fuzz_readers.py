@@ -158,10 +158,19 @@ def test_a_profile_that_is_any_json(tmp_path_factory, doc):
 
 
 _TRACE_ENTRY = {
-    "comm": "world", "seq": 0, "operation": "allreduce", "algorithm": "mpi", "count": 3,
-    "dtype": "float64", "op": "SUM", "root": None, "site": "x.py:1 in f", "start": 1.0,
-    "end": 2.0, "calls": 1,
-}  # fmt: skip
+    "comm": "world",
+    "seq": 0,
+    "operation": "allreduce",
+    "algorithm": "mpi",
+    "count": 3,
+    "dtype": "float64",
+    "op": "SUM",
+    "root": None,
+    "site": "x.py:1 in f",
+    "start": 1.0,
+    "end": 2.0,
+    "calls": 1,
+}
 
 
 @READER_EXAMPLES

@@ -257,16 +257,46 @@ def _record(collective: str, run: object, counts: object, order: str, summary: s
 
 
 ALGORITHMS = (
-    _record("allreduce", allreduce, _count_allreduce, ORDER_CONTIGUOUS,
-            "node reduce, allreduce among node leaders, node bcast"),
-    _record("reduce", reduce, _count_reduce, ORDER_CONTIGUOUS,
-            "node reduce, leaders reduce, on to the root"),
-    _record("bcast", bcast, _count_bcast, ORDER_ANY,
-            "to the root's leader, bcast among leaders, node bcast"),
-    _record("allgather", allgather, _count_allgather, ORDER_ANY,
-            "node gather, leaders allgather node blocks, node bcast"),
-    _record("reduce_scatter", reduce_scatter, _count_reduce_scatter, ORDER_NONE,
-            "node reduce, leaders reduce-scatter node shares, node scatter"),
-    _record("barrier", barrier, _count_barrier, ORDER_ANY,
-            "node gather, dissemination among leaders, node bcast"),
-)  # fmt: skip
+    _record(
+        "allreduce",
+        allreduce,
+        _count_allreduce,
+        ORDER_CONTIGUOUS,
+        "node reduce, allreduce among node leaders, node bcast",
+    ),
+    _record(
+        "reduce",
+        reduce,
+        _count_reduce,
+        ORDER_CONTIGUOUS,
+        "node reduce, leaders reduce, on to the root",
+    ),
+    _record(
+        "bcast",
+        bcast,
+        _count_bcast,
+        ORDER_ANY,
+        "to the root's leader, bcast among leaders, node bcast",
+    ),
+    _record(
+        "allgather",
+        allgather,
+        _count_allgather,
+        ORDER_ANY,
+        "node gather, leaders allgather node blocks, node bcast",
+    ),
+    _record(
+        "reduce_scatter",
+        reduce_scatter,
+        _count_reduce_scatter,
+        ORDER_NONE,
+        "node reduce, leaders reduce-scatter node shares, node scatter",
+    ),
+    _record(
+        "barrier",
+        barrier,
+        _count_barrier,
+        ORDER_ANY,
+        "node gather, dissemination among leaders, node bcast",
+    ),
+)

@@ -105,8 +105,13 @@ class ndarray:
     @property
     def __cuda_array_interface__(self):
         i = self.a.__array_interface__
-        return {"shape": i["shape"], "strides": i["strides"], "typestr": i["typestr"],
-                "data": i["data"], "version": 3}  # fmt: skip
+        return {
+            "shape": i["shape"],
+            "strides": i["strides"],
+            "typestr": i["typestr"],
+            "data": i["data"],
+            "version": 3,
+        }
 
     def __array__(self, *args, **kwargs):
         raise TypeError(
@@ -168,8 +173,21 @@ def _in_place(name):
     return op
 
 
-for _base in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or",
-              "xor", "lshift", "rshift"):  # fmt: skip
+for _base in (
+    "add",
+    "sub",
+    "mul",
+    "truediv",
+    "floordiv",
+    "mod",
+    "pow",
+    "matmul",
+    "and",
+    "or",
+    "xor",
+    "lshift",
+    "rshift",
+):
     setattr(ndarray, f"__{_base}__", _operator(f"__{_base}__"))
     setattr(ndarray, f"__r{_base}__", _operator(f"__r{_base}__"))
     setattr(ndarray, f"__i{_base}__", _in_place(f"__i{_base}__"))
@@ -299,8 +317,12 @@ class RawModule:
 
     def get_function(self, name):
         assert name in self.names, name
-        widths = {"unsigned long long": 8, "unsigned int": 4, "unsigned short": 2,
-                  "unsigned char": 1}  # fmt: skip
+        widths = {
+            "unsigned long long": 8,
+            "unsigned int": 4,
+            "unsigned short": 2,
+            "unsigned char": 1,
+        }
         width = widths[name[name.index("<") + 1 : -1]]
         return _BlockKernel(width) if name.startswith("block_copy") else _Kernel(width)
 
