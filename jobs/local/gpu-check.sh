@@ -70,7 +70,7 @@ print(M.Get_library_version())
 assert gpu_available()"
 # -rs: a skip names its reason; none of these tests may skip on a GPU machine
 step tests-serial python3 -P -m pytest --with-mpi -q -rs -p no:cacheprovider \
-  tests/hpcpar/test_datatypes.py tests/checkpoint/test_gpu.py tests/apps/test_cfr_gpu.py \
+  tests/hpcpar/test_datatypes_choose.py tests/checkpoint/test_gpu.py tests/apps/test_cfr_gpu.py \
   -k "gpu or device"
 step tests-2-ranks hpcpar launch -n 2 --timeout 300 -- python3 -P -m pytest --with-mpi \
   -m mpi -q -rs -p no:cacheprovider tests/hpcpar/test_p2p_halo.py \

@@ -50,7 +50,7 @@ def test_serial_gpu_tests_pass_on_the_standin():
     passed = _passed(
         sys.executable,
         *PYTEST[1:],
-        "tests/hpcpar/test_datatypes.py",
+        "tests/hpcpar/test_datatypes_choose.py",
         "tests/checkpoint/test_gpu.py",
         "tests/apps/test_cfr_gpu.py",
         "-k",
