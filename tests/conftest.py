@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import reliability
+import whole_jobs
 
 from hpcpar.runtime.env import launcher_rank_size
 
@@ -126,6 +127,40 @@ def pytest_configure(config: pytest.Config) -> None:
         reporter = config.pluginmanager.getplugin("terminalreporter")
         if reporter is not None:
             config.pluginmanager.unregister(reporter)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects: "not slow" must see these marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts a whole job is slow: marked here, from its source."""
+    for item in items:
+        function = getattr(item, "function", None)
+        if function is None or item.get_closest_marker("slow") is not None:
+            continue
+        if whole_jobs.starts_a_job(str(item.path), function.__name__):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _no_unmarked_whole_jobs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """A test not marked slow that starts a whole job anyway fails, naming the command."""
+    if _UNDER_MPI or request.node.get_closest_marker("slow") is not None:
+        yield
+        return
+    import subprocess
+
+    real = subprocess.Popen.__init__
+
+    def guarded(self: Any, args: Any, *rest: Any, **kw: Any) -> None:
+        argv = [args] if isinstance(args, (str, bytes)) else list(args)
+        if whole_jobs.launches([os.fsdecode(a) if isinstance(a, bytes) else str(a) for a in argv]):
+            raise AssertionError(
+                f"{request.node.nodeid} starts a whole job ({' '.join(map(str, argv))}) but the "
+                "harness did not mark it slow: call it through tests/helpers/launching.py"
+            )
+        real(self, args, *rest, **kw)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+    yield
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
