@@ -136,7 +136,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         function = getattr(item, "function", None)
         if function is None or item.get_closest_marker("slow") is not None:
             continue
-        if whole_jobs.starts_a_job(str(item.path), function.__name__):
+        path = str(item.path)
+        uses = set(getattr(item, "fixturenames", ()))  # a fixture of its module may start it
+        if whole_jobs.starts_a_job(path, function.__name__) or (
+            uses & whole_jobs.launching_functions(path)
+        ):
             item.add_marker(pytest.mark.slow)
 
 

@@ -28,20 +28,25 @@ def _strings(node: ast.AST) -> list[str]:
 
 
 def _launches_directly(node: ast.AST) -> bool:
+    """A call of a launching helper, or a process started by a function whose words
+    (its string constants, the command line built in a variable included) make a job."""
+    called = set()
     for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
-        name = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", "")
-        if name in LAUNCHERS:
-            return True
-        words = _strings(call)
-        if name in _SPAWNERS and any(w.split("/")[-1] in _PROGRAMS for w in words):
-            return True
-        if (
-            "launch" in words
-            and "--dry-run" not in words
-            and (name in ("hpcpar", "main") or "hpcpar" in words)
-        ):
-            return True
-    return False
+        called.add(
+            call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", "")
+        )
+    if called & LAUNCHERS:
+        return True
+    if not called & (_SPAWNERS | {"hpcpar", "main"}):
+        return False
+    words = _strings(node)
+    if any(w.split("/")[-1] in _PROGRAMS for w in words):
+        return True
+    return (
+        "launch" in words
+        and "--dry-run" not in words
+        and ("hpcpar" in words or bool(called & {"hpcpar", "main"}))
+    )
 
 
 def launches(argv: list[str]) -> bool:
