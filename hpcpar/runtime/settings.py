@@ -422,7 +422,7 @@ def check(environ: Mapping[str, str] | None = None) -> None:
             setting.parse(name, env[name])
 
 
-_READ = {
+READ_KINDS = {
     IMPORT: "at import",
     START: "at start",
     CALL: "every call",
@@ -439,7 +439,7 @@ def markdown_table() -> str:
         name = f"{s.name}<COLLECTIVE>" if s.name.endswith("_") else s.name
         default = f"`{s.default}`" if s.default is not None else ""
         agree = "yes" if s.agree else ""
-        rows.append(f"| `{name}` | {_READ[s.read]} | {agree} | {default} | {s.doc} |")
+        rows.append(f"| `{name}` | {READ_KINDS[s.read]} | {agree} | {default} | {s.doc} |")
     return "\n".join(rows)
 
 

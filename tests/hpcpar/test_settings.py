@@ -50,7 +50,7 @@ def test_the_docs_page_shows_the_table():
         "hpcpar.runtime.settings.markdown_table() into it"
     )
     for entry in settings.TABLE:
-        assert entry.doc and entry.read in settings._READ, entry.name
+        assert entry.doc and entry.read in settings.READ_KINDS, entry.name
 
 
 def test_the_ranks_agree_on_the_tables_agree_entries():
