@@ -38,6 +38,7 @@ __all__ = [
     "check",
     "unknown",
     "markdown_table",
+    "READ_KINDS",
 ]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
