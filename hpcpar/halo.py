@@ -28,7 +28,7 @@ from .collectives.buffers import is_device_array
 from .datatypes import DatatypeError, plan
 from .datatypes.choose import send_method
 from .errors import HpcparError
-from .p2p import view_type
+from .p2p.buffers import view_type
 from .runtime import flight
 
 __all__ = ["HaloExchange"]
