@@ -7,8 +7,8 @@ such a box from one saved rank's data at one level:
 - ``ShardSource``: a shard file (the local or partner level's own file, a partner's
   copy, or a shard the XOR level rebuilds); it reads whole checksum blocks only
   (``checksum.BLOCK``, one per MiB) and verifies each, keeping one block at a time.
-- ``XorBytes``: the bytes of a lost member of an XOR set, rebuilt on demand from the
-  parity and the other members' shards, range by range (nothing else is read).
+- a shard of a lost member of an XOR set, its bytes rebuilt on demand from the parity
+  and the other members' shards (``parity.XorBytes``), range by range.
 - ``H5Source``: a rank's HDF5 file (h5py reads only the chunks a box touches, and
   checks each with its Fletcher-32 sum).
 
@@ -29,10 +29,11 @@ import numpy as np
 
 from . import checksum
 from .naming import version_name
+from .parity import XorBytes, fits
 from .shard import TRAILER_BYTES, manifest_length, parse_manifest
 from .state import CheckpointError
 
-__all__ = ["Source", "ShardSource", "XorBytes", "H5Source", "find_sources", "box_runs"]
+__all__ = ["Source", "ShardSource", "H5Source", "find_sources", "box_runs"]
 
 _FILE = re.compile(r"^(rank|copy-rank)(\d+)\.(shard|parity|h5)$")
 
@@ -69,75 +70,6 @@ class _FileBytes:
     def close(self) -> None:
         """Close the file."""
         os.close(self.fd)
-
-
-class XorBytes:
-    """Member ``lost``'s shard bytes, rebuilt from its XOR set's parity and survivors.
-
-    Byte ``p`` of the lost member lies in its chunk ``t = p // c``; the parity of member
-    ``j = (lost + t + 1) mod m`` covers it, together with byte ``p mod c`` of the chunk
-    ``(j - i - 1) mod m`` of every other member ``i`` (``levels.xor``).
-
-    Args:
-        lost: The lost member's index in ``members``.
-        shards: Member index -> its shard file's bytes (every member but ``lost``).
-        parities: Member index -> ``(its parity file's bytes, where its parity starts)``.
-        lengths: Every member's shard length.
-        chunk: The chunk length ``c``.
-    """
-
-    def __init__(
-        self,
-        lost: int,
-        shards: dict[int, Any],
-        parities: dict[int, tuple[Any, int]],
-        lengths: list[int],
-        chunk: int,
-    ) -> None:
-        self.lost, self.shards, self.parities = lost, shards, parities
-        self.lengths, self.chunk, self.m = lengths, chunk, len(lengths)
-        self.size = lengths[lost]
-        self.where = "XOR rebuild"
-
-    def read_into(self, start: int, out: np.ndarray) -> None:
-        """Fill the uint8 array ``out`` with the lost shard's bytes from ``start``."""
-        c, pos, end = self.chunk, start, start + out.size
-        scratch = np.empty(min(out.size, c), dtype=np.uint8)
-        while pos < end:
-            t, s = divmod(pos, c)
-            n = min(end, (t + 1) * c) - pos
-            piece = out[pos - start : pos - start + n]
-            j = (self.lost + t + 1) % self.m
-            if t >= self.m - 1 or j not in self.parities:
-                piece[:] = 0
-            else:
-                source, at = self.parities[j]
-                source.read_into(at + s, piece)
-                for i, shard in self.shards.items():
-                    if i == j:
-                        continue
-                    begin = ((j - i - 1) % self.m) * c + s
-                    part = scratch[:n]
-                    if begin >= self.lengths[i]:
-                        continue  # past the member's end: zeros, XOR's identity
-                    shard.read_into(begin, part)  # zeros past the member's end
-                    np.bitwise_xor(piece, part, out=piece)
-            pos += n
-
-    def advise(self, start: int, n: int) -> None:
-        """Ask the kernel to start reading the files a rebuild reads (whole)."""
-        del start, n
-        for shard in self.shards.values():
-            shard.advise(0, 0)
-        for source, _ in self.parities.values():
-            source.advise(0, 0)
-
-    def close(self) -> None:
-        """Close the files read."""
-        for shard in self.shards.values():
-            shard.close()
-        for source, _ in self.parities.values():
-            source.close()
 
 
 def read_tail(raw: Any, step: int, rank: int, where: str) -> tuple[dict[str, Any], int]:
@@ -491,11 +423,7 @@ def _xor_openers(
         members, lengths, chunk = meta.get("members"), meta.get("lengths"), meta.get("chunk")
         parity = entries.get("parity")
         if (
-            isinstance(members, list)
-            and isinstance(lengths, list)
-            and isinstance(chunk, int)
-            and chunk > 0
-            and len(lengths) == len(members) >= 2
+            fits(members, lengths, chunk)
             and rank in members
             and parity is not None
             and "value" not in parity

@@ -13,13 +13,13 @@ another copy of a whole shard (``hpcpar bench checkpoint`` measures the rebuild)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from ..parity import chunk_length, chunk_start, covering, fits
 from ..shard import EncodedShard, decode_shard, encode_shard, read_bytes
 from ..state import CheckpointError
 from .base import PIECE_BYTES, Job, Level, link_or_write
@@ -85,9 +85,6 @@ def xor_sets(job: Job, k: int) -> list[list[int]]:
             chunks.remove(single)
         sets += [sorted(c) for c in chunks]
     return sets
-
-
-WORD = 8  # parity chunks are whole 8-byte words (earlier versions wrote any length)
 
 
 def _pieces(c: int) -> list[tuple[int, int]]:
@@ -163,7 +160,7 @@ class XorLevel(Level):
 
     def _chunk_at(self, j: int, c: int) -> int:
         """Where the chunk of this member's shard that member ``j``'s parity covers starts."""
-        return ((j - self.index - 1) % len(self.members)) * c
+        return chunk_start(self.index, j, len(self.members), c)
 
     def write(
         self, step: int, shard: EncodedShard, flat: dict[str, Any], written: dict[str, Path]
@@ -173,7 +170,7 @@ class XorLevel(Level):
 
         m = len(self.members)
         lengths = self.set_comm.allgather(shard.nbytes)
-        c = WORD * max(1, math.ceil(max(lengths) / (m - 1) / WORD))  # whole words: XOR them
+        c = chunk_length(lengths)
         parity = np.empty(c, dtype=np.uint8)
         send = np.empty(m * min(c, PIECE_BYTES), dtype=np.uint8)
         words = c % 8 == 0  # (always, but where a test writes parity as before)
@@ -247,13 +244,7 @@ class XorLevel(Level):
         lengths, chunk, parity = meta.get("lengths"), meta.get("chunk"), meta.get("parity")
         return (
             meta.get("members") == self.members
-            and isinstance(chunk, int)
-            and chunk > 0
-            and isinstance(lengths, list)
-            and len(lengths) == len(self.members)
-            and all(
-                isinstance(n, int) and 0 <= n <= chunk * (len(self.members) - 1) for n in lengths
-            )
+            and fits(self.members, lengths, chunk)
             and isinstance(parity, np.ndarray)
             and parity.dtype == np.uint8
             and parity.size == chunk
@@ -274,7 +265,7 @@ class XorLevel(Level):
         words = c % 8 == 0  # the same on every member, as MPI needs
         out = np.zeros((m - 1) * c, dtype=np.uint8) if self.index == q else None
         for t in range(m - 1):
-            j = (q + t + 1) % m
+            j = covering(q, t, m)
             for start, n in _pieces(c):
                 if out is not None:  # zeros, XOR's identity, as the lost member's share
                     piece = _typed(out[t * c + start :][:n], words)

@@ -12,7 +12,7 @@ import errno
 import numpy as np
 import pytest
 from hpcpar.checkpoint import Checkpointer, CheckpointError
-from hpcpar.checkpoint import manager as manager_module
+from hpcpar.checkpoint import saving as saving_module
 from hpcpar.checkpoint.inspect import scan
 from hpcpar.checkpoint.shard import write_atomic
 from states import same, shared_dir
@@ -85,14 +85,14 @@ def test_a_bad_state_on_one_rank_fails_every_rank(comm, tmp_path):
 def test_an_unwritable_commit_marker_fails_every_rank(comm, tmp_path, monkeypatch):
     rank = comm.Get_rank()
     root = shared_dir(comm, tmp_path) / "full"
-    real = manager_module.write_atomic
+    real = saving_module.write_atomic
 
     def full_disk(path, text):
         if path.name.endswith(".committed") and "000000000002" in path.name:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real(path, text)
 
-    monkeypatch.setattr(manager_module, "write_atomic", full_disk)
+    monkeypatch.setattr(saving_module, "write_atomic", full_disk)
     with Checkpointer(root, comm=comm, levels=["local"]) as ck:
         ck.save(1, state_of(rank, 1)).wait()
         handle = ck.save(2, state_of(rank, 2))

@@ -98,14 +98,15 @@ def test_xor_rebuilds_in_pieces_and_from_parity_of_odd_chunks(
 ):
     """Pieces far smaller than a shard (the last one shorter), and parity whose chunks
     are not whole words (as hpcpar wrote it before: the rebuild XORs bytes then)."""
+    from hpcpar.checkpoint import parity
     from hpcpar.checkpoint.levels import xor
 
     monkeypatch.setattr(xor, "PIECE_BYTES", piece)
-    monkeypatch.setattr(xor, "WORD", word)
+    monkeypatch.setattr(parity, "WORD", word)
     root = shared_dir(comm, tmp_path) / "xp"
     with hpcpar.Hierarchy(comm, layout="ppn:1") as h:  # sets of every rank: m = size
         save_versions(root, h, ["local", "xor"])
-        monkeypatch.setattr(xor, "WORD", 8)  # restored by this version
+        monkeypatch.setattr(parity, "WORD", 8)  # restored by this version
         on_rank0(comm, lambda: faults.delete_node(root, 0))
         step, got, served = restore(root, h, ["local", "xor"])
         expect = ["xor" if n == 0 else "local" for n in h.node_of]
