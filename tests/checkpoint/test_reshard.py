@@ -448,7 +448,7 @@ def test_small_pieces_many_checksum_blocks_and_a_damaged_block(
     so the others' parts reach it in messages."""
     from hpcpar.checkpoint import reshard
 
-    monkeypatch.setattr(reshard, "PIECE_BYTES", 1 << 16)
+    monkeypatch.setattr(reshard.move, "PIECE_BYTES", 1 << 16)
     restoring = [1]
     if node_local:
         everything = reshard.find_sources
