@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import socket
 import statistics
 import time
 from typing import Any
@@ -36,6 +35,8 @@ from hpcpar.cli.common import integer, real
 from hpcpar.plugins import Benchmark, register
 
 from .cli import bucket_bytes, bucket_mib
+from .gloo import torch_group
+from .torch_peer import TorchRun, state_bytes, torch_accuracy, torch_epoch
 
 __all__: list[str] = []
 
@@ -95,181 +96,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=integer(0), default=0)
 
 
-def _torch_group(comm: Any) -> Any:
-    """Start torch.distributed (gloo) over the job's ranks; ``None`` without torch.
-
-    The rendezvous address and gloo's interface are chosen from the ranks' own IPv4
-    interfaces: the loopback where every rank sees the same addresses (one host, one
-    network namespace), else rank 0's address on
-    the subnet the others share with it (so virtual nodes, whose host names resolve
-    nowhere, work too).
-    """
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    if dist.is_initialized():
-        return dist
-    from datetime import timedelta
-
-    from hpcpar.errors import UsageError
-
-    mine = _ipv4_interfaces()
-    every = comm.allgather(mine)
-    outside = {frozenset(ip for _, ip in addrs if not ip.startswith("127.")) for addrs in every}
-    if len(outside) == 1:  # one host (one network namespace): its loopback
-        address, interface = "127.0.0.1", _loopback(mine)
-    else:
-        theirs = [ip for addrs in every[1:] for _, ip in addrs if not ip.startswith("127.")]
-        ours = [a for a in every[0] if not a[1].startswith("127.")]
-        if not ours or not theirs:
-            raise UsageError("bench sgd: the ranks' hosts have no IPv4 address for gloo")
-        address = max(ours, key=lambda a: max(_common_bits(a[1], t) for t in theirs))[1]
-        interface = max(mine, key=lambda a: _common_bits(a[1], address))[0]
-    port = None
-    if comm.Get_rank() == 0:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-    port = comm.bcast(port, root=0)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
-    if interface:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
-    if comm.Get_rank() == 0:
-        print(
-            f"# gloo: rendezvous at {address}:{port}, interface "
-            f"{os.environ.get('GLOO_SOCKET_IFNAME', 'chosen by gloo')}",
-            flush=True,
-        )
-    dist.init_process_group(
-        "gloo", rank=comm.Get_rank(), world_size=comm.Get_size(), timeout=timedelta(seconds=120)
-    )
-    return dist
-
-
-def _ipv4_interfaces() -> list[tuple[str, str]]:
-    """(interface, IPv4 address) of every interface that has one (Linux; else none)."""
-    import fcntl
-    import struct
-
-    found = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                req = struct.pack("256s", name.encode()[:15])
-                raw = fcntl.ioctl(s.fileno(), 0x8915, req)  # SIOCGIFADDR
-            except OSError:
-                continue
-            found.append((name, socket.inet_ntoa(raw[20:24])))
-    return found
-
-
-def _loopback(interfaces: list[tuple[str, str]]) -> str | None:
-    return next((name for name, ip in interfaces if ip.startswith("127.")), None)
-
-
-def _common_bits(a: str, b: str) -> int:
-    x = int.from_bytes(socket.inet_aton(a), "big") ^ int.from_bytes(socket.inet_aton(b), "big")
-    return 32 - x.bit_length()
-
-
-class _TorchRun:
-    """Torch training of the same network, data-parallel through DDP or hpcpar.
-
-    ``wrap``: ``ddp`` (torch's ``DistributedDataParallel``), ``hpcpar`` (hpcpar's
-    ``DataParallel`` as it chooses), ``thread`` (its buckets reduced on a thread during
-    the backward pass), ``after`` (after it), ``zero`` (``ZeroOptimizer``: the optimizer
-    state sharded over the ranks) or ``zero-2l`` (the same with its two-level scatter
-    and gather).
-    """
-
-    def __init__(
-        self, model: Any, data: Any, comm: Any, h: Any, args: argparse.Namespace, wrap: str = "ddp"
-    ) -> None:
-        import torch
-        from torch.nn.parallel import DistributedDataParallel
-
-        from .torch import DataParallel
-
-        layers: list[Any] = []
-        for i, (w, b) in enumerate(model.layers(model.params)):
-            lin = torch.nn.Linear(w.shape[0], w.shape[1]).double()
-            with torch.no_grad():
-                lin.weight.copy_(torch.from_numpy(w.T.copy()))
-                lin.bias.copy_(torch.from_numpy(b.copy()))
-            layers.append(lin)
-            if i < len(model.sizes) - 2:
-                layers.append(torch.nn.Tanh())
-        self.net = torch.nn.Sequential(*layers)
-        if wrap == "ddp":
-            self.ddp = DistributedDataParallel(
-                self.net, bucket_cap_mb=bucket_bytes(args.bucket_mib) / 2**20
-            )
-        else:
-            overlap = {"hpcpar": None, "thread": True, "after": False}.get(wrap, False)
-            self.ddp = DataParallel(self.net, comm=h, bucket_mib=args.bucket_mib, overlap=overlap)
-        lr = args.lr / 100 if args.optimizer == "adam" else args.lr
-        make = {
-            "sgd": lambda p: torch.optim.SGD(p, lr=lr),
-            "momentum": lambda p: torch.optim.SGD(p, lr=lr, momentum=0.9),
-            "adam": lambda p: torch.optim.Adam(p, lr=lr),
-        }[args.optimizer]
-        if wrap.startswith("zero"):
-            from .torch import ZeroOptimizer
-
-            self.opt = ZeroOptimizer(self.ddp, make, hierarchical=wrap == "zero-2l")
-        else:
-            self.opt = make(list(self.ddp.parameters()))
-        self.torch, self.data, self.comm = torch, data, comm
-        self.batch, self.seed = args.batch, args.seed
-        self.size, self.rank = comm.Get_size(), comm.Get_rank()
-        self.x = torch.from_numpy(np.ascontiguousarray(data.x_train))
-        self.y = torch.from_numpy(data.y_train.astype(np.int64))
-
-
-def _state_bytes(opt: Any) -> int:
-    """Bytes of an optimizer's state tensors (a ``ZeroOptimizer``'s: its slice's)."""
-    inner = getattr(opt, "optimizer", opt)
-    return sum(
-        t.numel() * t.element_size()
-        for state in inner.state.values()
-        for t in state.values()
-        if hasattr(t, "numel") and t.dim() > 0
-    )
-
-
-def _torch_epoch(run: _TorchRun, e: int) -> tuple[float, float, int]:
-    """One epoch of torch DDP on the same global batches as hpcpar's sync mode."""
-    from .data import batch_rows
-
-    torch = run.torch
-    f = torch.nn.functional
-    n = run.data.y_train.size
-    mine = run.batch // run.size
-    steps = n // run.batch
-    loss_sum = 0.0
-    t0 = time.perf_counter()
-    for index in range(steps):
-        rows = torch.from_numpy(
-            batch_rows(run.seed, e, n, index, run.batch, run.rank, run.size).copy()
-        )  # the rows sync mode takes
-        out = run.ddp(run.x[rows])
-        loss = f.cross_entropy(out, run.y[rows])  # mean over mine rows; DDP averages ranks
-        run.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        run.opt.step()
-        loss_sum += loss.detach().item() * mine
-    seconds = time.perf_counter() - t0
-    return loss_sum, seconds, steps * run.batch
-
-
-def _torch_accuracy(run: _TorchRun) -> float:
-    torch = run.torch
-    with torch.no_grad():
-        out = run.net(torch.from_numpy(np.ascontiguousarray(run.data.x_test)))
-        return float((out.argmax(dim=1).numpy() == run.data.y_test).mean())
-
-
 def _hpcpar_trainer(mode: str, model: Any, data: Any, h: Any, args: argparse.Namespace) -> Any:
     from .async_ps import AsyncTrainer
     from .hogwild import HogwildTrainer
@@ -321,10 +147,10 @@ def _train(variant: str, args: argparse.Namespace, comm: Any, h: Any, data: Any)
     epochs: list[dict[str, Any]] = []
     extra: dict[str, Any] = {}
     if variant in _TORCH:
-        run = _TorchRun(model, data, comm, h, args, _TORCH[variant])
+        run = TorchRun(model, data, comm, h, args, _TORCH[variant])
         for e in range(args.epochs):
             waited = getattr(run.ddp, "comm_seconds", 0.0)
-            loss, seconds, samples = _torch_epoch(run, e)
+            loss, seconds, samples = torch_epoch(run, e)
             waited = getattr(run.ddp, "comm_seconds", 0.0) - waited
             seconds = comm.allreduce(seconds, op=_max())
             loss = comm.allreduce(loss) / samples
@@ -333,11 +159,11 @@ def _train(variant: str, args: argparse.Namespace, comm: Any, h: Any, data: Any)
                     "seconds": seconds,
                     "samples": samples,
                     "loss": loss,
-                    "accuracy": _torch_accuracy(run),
+                    "accuracy": torch_accuracy(run),
                     "comm_seconds": comm.allreduce(waited, op=_max()),
                 }
             )
-        extra["optimizer_state_bytes"] = comm.allreduce(_state_bytes(run.opt), op=_max())
+        extra["optimizer_state_bytes"] = comm.allreduce(state_bytes(run.opt), op=_max())
         if hasattr(run.ddp, "free"):
             extra["steps_per_epoch"] = run.data.y_train.size // run.batch
             extra["threaded"] = run.ddp.overlap
@@ -500,7 +326,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:  # noqa: PLR0912, PL
     variants = [f"hpcpar-{m}" for m in modes]
     if size > 1 and "sync" in modes:
         variants.append("hpcpar-sync@1")
-    dist = None if args.no_torch else _torch_group(comm)
+    dist = None if args.no_torch else torch_group(comm)
     if dist is not None:
         import torch
 

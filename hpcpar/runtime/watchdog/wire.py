@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import socket
-import struct
 import time
 from typing import Any
 
 from ...errors import UsageError
+from ..interfaces import ipv4_interfaces
 from .report import ENV
 
 __all__ = ["own_addresses", "connect", "send_line", "Lines"]
@@ -21,17 +20,9 @@ _CONNECT_S = 30.0  # how long a rank tries to reach rank 0 at start
 def own_addresses() -> list[str]:
     """This host's IPv4 addresses, loopback first (any of them may reach rank 0)."""
     found = ["127.0.0.1"]
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        for _, name in socket.if_nameindex():
-            request = struct.pack("256s", name.encode()[:15])
-            with contextlib.suppress(OSError):
-                answer = fcntl.ioctl(probe.fileno(), 0x8915, request)  # SIOCGIFADDR
-                address = socket.inet_ntoa(answer[20:24])
-                if address not in found:
-                    found.append(address)
-    finally:
-        probe.close()
+    for _, address in ipv4_interfaces():
+        if address not in found:
+            found.append(address)
     with contextlib.suppress(OSError):
         for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
             if info[4][0] not in found:
