@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import math
 import random
-import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import UsageError
+from ..runtime.units import format_size, parse_size
 
 __all__ = [
     "Variant",
@@ -34,20 +34,6 @@ __all__ = [
     "run_sweep",
     "Row",
 ]
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kib": 1 << 10,
-    "kb": 1 << 10,
-    "m": 1 << 20,
-    "mib": 1 << 20,
-    "mb": 1 << 20,
-    "g": 1 << 30,
-    "gib": 1 << 30,
-    "gb": 1 << 30,
-}
 
 
 @dataclass(frozen=True)
@@ -85,25 +71,6 @@ class Measurement:
     def as_dict(self) -> dict[str, Any]:
         """Return the fields as a plain dict (for JSON and CSV)."""
         return asdict(self)
-
-
-def parse_size(text: str) -> int:
-    """Parse ``"8"``, ``"64KiB"``, ``"1M"``, ``"2GiB"`` into bytes."""
-    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise UsageError(
-            f"bad size {text!r}: expected a number with an optional unit (B, KiB, MiB, GiB)"
-        )
-    return int(match.group(1)) * _UNITS[unit]
-
-
-def format_size(nbytes: int) -> str:
-    """Format bytes with the largest binary unit that divides them."""
-    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= factor and nbytes % factor == 0:
-            return f"{nbytes // factor}{unit}"
-    return f"{nbytes}B"
 
 
 def size_range(smallest: int, largest: int) -> list[int]:

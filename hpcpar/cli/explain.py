@@ -102,10 +102,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(comm: Any, args: argparse.Namespace) -> int:
-    from ..bench.harness import parse_size
     from ..collectives.cost.explain import plan_for
     from ..collectives.cost.tally import Layout
     from ..errors import UsageError
+    from ..runtime.units import parse_size
     from ..topology import Hierarchy
 
     nbytes = parse_size(args.size)

@@ -39,8 +39,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _grid(rows: list[Any], node_counts: list[int], sizes: list[int], collective: str) -> str:
-    from ..bench.harness import format_size
     from ..collectives.cost.simulate import labels
+    from ..runtime.units import format_size
 
     short = labels(collective)
     win = {(r.nodes, r.nbytes): r.algorithm for r in rows if r.winner}
@@ -61,7 +61,7 @@ def _plot(rows: list[Any], node_counts: list[int], sizes: list[int], path: str, 
         return MISSING
     import numpy as np
 
-    from ..bench.harness import format_size
+    from ..runtime.units import format_size
 
     names = sorted({r.algorithm for r in rows})
     win = {(r.nodes, r.nbytes): names.index(r.algorithm) for r in rows if r.winner}
@@ -81,10 +81,10 @@ def _plot(rows: list[Any], node_counts: list[int], sizes: list[int], path: str, 
 
 
 def _run(comm: Any, args: argparse.Namespace) -> int:
-    from ..bench.harness import format_size, parse_size
     from ..collectives.cost.simulate import simulate
     from ..errors import UsageError
     from ..runtime.results import write_csv
+    from ..runtime.units import format_size, parse_size
 
     if args.nodes < 1 or args.ppn < 1 or args.nodes * args.ppn > MAX_RANKS:
         raise UsageError(
