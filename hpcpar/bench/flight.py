@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..plugins import Benchmark, register
+from ..runtime.switches import HOT
 from .harness import Measurement
 
 __all__: list[str] = []
@@ -91,7 +92,7 @@ def _features() -> dict[str, tuple[str, Callable[[], bool], Callable[[bool], Non
 
     return {
         "flight": ("the flight record", flight.enabled, flight.set_enabled),
-        "guard": ("the mismatch guard", lambda: guard.ENABLED[0], guard.set_enabled),
+        "guard": ("the mismatch guard", lambda: HOT.guard, guard.set_enabled),
     }
 
 

@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from ..runtime import flight
 from ..runtime.orphans import ADOPTED, progress_adopted
+from ..runtime.switches import HOT
 from . import guard
 from . import reproducible as repro
 from .autotune import autotune_on as _autotune_on
@@ -116,7 +117,7 @@ def _begin(
         check.get("root"),
         depth=4,
     )
-    if guard.ENABLED[0]:  # the always-on mismatch guard (guard.py)
+    if HOT.guard:  # the always-on mismatch guard (guard.py)
         mark = guard.signature(collective, chosen.name, op.name if op else None, check)
         state.guard_sum = guard.fold(state.guard_sum, mark, state._sequence)
         if state._sequence >= state.guard_next:

@@ -8,11 +8,11 @@ be checked against what an algorithm really sent.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
+from ..runtime.switches import HOT
 from .registry import LIBRARY
 
 __all__ = [
@@ -135,24 +135,21 @@ def offsets(counts: list[int]) -> list[int]:
     return out
 
 
-LAST_CALL: list[Any] = [None]  # CollectiveStats, or a library call's (collective, bytes)
-
-
 def remember_stats(stats: CollectiveStats) -> None:
     """Record the counters of the collective this rank just completed."""
-    LAST_CALL[0] = stats
+    HOT.last_call = stats
 
 
 def note_library_call(collective: str, nbytes: int) -> None:
     """Record a call the library made alone (its stats are made up if someone asks)."""
-    LAST_CALL[0] = (collective, nbytes)
+    HOT.last_call = (collective, nbytes)
 
 
 def last_stats() -> CollectiveStats | None:
     """Counters of the collective this rank completed last (messages and bytes per level)."""
-    last = LAST_CALL[0]
+    last = HOT.last_call
     if type(last) is tuple:  # the library's call, made by the fast path: made up on demand
         stats = CollectiveStats(last[0], LIBRARY, last[1])
         stats.inside_mpi = True
-        LAST_CALL[0] = last = stats
+        HOT.last_call = last = stats
     return last

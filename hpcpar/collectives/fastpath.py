@@ -16,15 +16,12 @@ import numpy as np
 from mpi4py import MPI
 
 from ..runtime.env import RAW_ENVIRON
-from ..runtime.flight import LAST as _RUN
-from ..runtime.flight import RECORDING as _FLIGHT_ON
 from ..runtime.flight import TRACING, fast_entry
 from ..runtime.orphans import ADOPTED, progress_adopted
 from ..runtime.settings import FALSE_WORDS, raw_key
+from ..runtime.switches import HOT
 from . import mpi_library
-from .channel import LAST_CALL
 from .errors import explain_mpi_error
-from .guard import ENABLED as _GUARD
 from .guard import signature, verify
 from .ops import resolve_op
 from .registry import LIBRARY
@@ -106,10 +103,10 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
     # next_tag(), blocking_allreduce() and note_library_call() inlined: calling them
     # costs a measurable share of a small call (hpcpar bench collectives: mpi against
     # mpi-direct)
-    if _FLIGHT_ON[0] and _RUN[0] is not decided:  # the flight record: a run is one entry
+    if HOT.recording and HOT.last_key is not decided:  # the flight record: a run is one entry
         fast_entry(decided, state, "allreduce", x, op)
     seq = state._sequence = state._sequence + 1  # next_tag() without the tag it computes
-    if _GUARD[0]:  # the always-on mismatch guard: what _begin does (guard.py)
+    if HOT.guard:  # the always-on mismatch guard: what _begin does (guard.py)
         if state.guard_run is not decided:  # a run of identical calls is folded at its end
             state.fold_guard_run(seq - 1)
             state.guard_run, state.guard_run_from = decided, seq
@@ -122,7 +119,7 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
             state.private.Allreduce(x, out, mpi_op)
     except MPI.Exception as exc:  # (free unless raised)
         raise explain_mpi_error(exc, "allreduce") from None
-    LAST_CALL[0] = ("allreduce", x.nbytes)  # note_library_call, inlined
+    HOT.last_call = ("allreduce", x.nbytes)  # note_library_call, inlined
     return out
 
 

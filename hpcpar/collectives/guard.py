@@ -34,12 +34,12 @@ from mpi4py import MPI
 
 from ..layout import format_ranks
 from ..runtime import flight
+from ..runtime.switches import HOT
 from .errors import CollectiveMismatchError
 
-__all__ = ["EVERY", "ENABLED", "MASK", "fold", "signature", "verify", "set_enabled"]
+__all__ = ["EVERY", "MASK", "fold", "signature", "verify", "set_enabled"]
 
 EVERY = 256  # calls between comparisons, once the first ones (1, 2, 4, ...) are done
-ENABLED = [True]  # off only to measure the guard's cost (every rank at the same call)
 MASK = (1 << 62) - 1  # the sums are compared modulo 2**62
 
 
@@ -72,7 +72,7 @@ def signature(collective: str, algorithm: str, op: Any, fields: dict[str, Any]) 
 
 def set_enabled(on: bool) -> None:
     """Turn the guard on or off: on every rank at once (``hpcpar bench guard``)."""
-    ENABLED[0] = bool(on)
+    HOT.guard = bool(on)
 
 
 def verify(state: Any, collective: str) -> None:

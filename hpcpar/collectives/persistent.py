@@ -20,6 +20,7 @@ from mpi4py import MPI
 from ..runtime import flight
 from ..runtime.flight import CALLS, SEQ
 from ..runtime.orphans import adopt
+from ..runtime.switches import HOT
 from . import mpi_library
 from .api import iallreduce
 from .autotune import measure_calls
@@ -89,7 +90,7 @@ class PersistentAllreduce:
             return
         seq = self._state._sequence
         self._state.next_tag()  # the same tag sequence as a plain call
-        if flight.RECORDING[0]:
+        if HOT.recording:
             self._record(seq)
         if self._request is not None:
             self._request.Start()
@@ -103,11 +104,11 @@ class PersistentAllreduce:
         if (
             not flight.TRACING
             and entry is not None
-            and flight.LAST[1] is entry
+            and HOT.last_entry is entry
             and entry[SEQ] + entry[CALLS] == seq
         ):
             entry[CALLS] += 1
-            flight.CURRENT[0] = entry
+            HOT.current = entry
             return
         self._entry = flight.enter(
             self._state.label,
@@ -129,7 +130,7 @@ class PersistentAllreduce:
         if not self._library:
             return running.wait()
         if self._request is not None:
-            flight.CURRENT[0] = self._entry
+            HOT.current = self._entry
             self._request.Wait()
         flight.finish(self._entry)
         note_library_call("allreduce", self.out.nbytes)

@@ -19,8 +19,8 @@ from typing import Any
 
 from mpi4py import MPI
 
-from ..runtime import flight
 from ..runtime.orphans import adopt, progress_adopted
+from ..runtime.switches import HOT
 from .errors import explain_mpi_error
 
 __all__ = ["Schedule", "run", "concurrently", "CollectiveRequest", "PendingRequestWarning"]
@@ -113,7 +113,7 @@ class _Operation:
     def wait(self) -> Any:
         entry = getattr(self.finish, "flight", None)
         if entry is not None:
-            flight.CURRENT[0] = entry  # this rank now waits in it
+            HOT.current = entry  # this rank now waits in it
         try:
             while not self.done:
                 if self.waiting:

@@ -18,6 +18,7 @@ from ..runtime import flight, settings
 from ..runtime.comm import default_comm, resolve_comm
 from ..runtime.env import getenv_fast
 from ..runtime.settings import raw_key
+from ..runtime.switches import HOT
 from ..topology import Hierarchy
 from .agree import agree
 from .channel import Channel, CollectiveStats
@@ -181,7 +182,7 @@ def state_for(comm: Any) -> CommState:
         try:
             cache[key] = CommState(base, layout)
         finally:
-            flight.CURRENT[0] = previous
+            HOT.current = previous
     if comm is None:
         _DEFAULT = (key, cache[key], os.fsencode(key))
     return cache[key]

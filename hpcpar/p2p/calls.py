@@ -13,6 +13,7 @@ from ..datatypes import DatatypeError
 from ..runtime import flight
 from ..runtime.comm import resolve_comm
 from ..runtime.orphans import adopt, progress_adopted
+from ..runtime.switches import HOT
 from .buffers import Incoming, Truncation, host_plan, mpi_typed, outgoing, receive
 
 __all__ = ["send", "recv", "isend", "irecv", "sendrecv", "P2PRequest"]
@@ -139,7 +140,7 @@ class P2PRequest:
         if not self._arrived:
             progress_adopted()
             if self._entry is not None:
-                flight.CURRENT[0] = self._entry
+                HOT.current = self._entry
             with Truncation(self._expected()):
                 self._request.Wait(self._status)
             self._arrived = True

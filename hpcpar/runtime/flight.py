@@ -10,27 +10,25 @@ its end the last one's. So a repeated call costs the fast path an identity test,
 increment and two stores, and the general path a comparison of its arguments;
 ``hpcpar bench flight`` measures both against the same loops with the record off.
 
-``CURRENT[0]`` is the entry of the last call the rank's own thread started (a
-checkpoint's background commit does not count): whether the rank is still blocked in
-it shows in that thread's stack, whose innermost frames are then hpcpar's, so nothing
-is stored when a call returns. ``snapshot()``
-turns the ring into plain dictionaries for reports and traces; nothing here talks to
-other ranks.
+``HOT.current`` (``runtime.switches``) is the entry of the last call the rank's own
+thread started (a checkpoint's background commit does not count): whether the rank is
+still blocked in it shows in that thread's stack, whose innermost frames are then
+hpcpar's, so nothing is stored when a call returns. ``snapshot()`` turns the ring into
+plain dictionaries for reports and traces; nothing here talks to other ranks.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any
 
 from . import settings
+from .packages import core_folders
+from .switches import HOT
 
 __all__ = [
     "SLOTS",
-    "CURRENT",
-    "LAST",
     "enter",
     "setting_up",
     "fast_entry",
@@ -44,7 +42,6 @@ __all__ = [
     "set_enabled",
     "clear",
     "FIELDS",
-    "RECORDING",
     "TRACING",
     "CALLS",
 ]
@@ -72,34 +69,28 @@ FIELDS = (
 )
 
 RING: list[list[Any] | None] = [None] * SLOTS
-AT = [0]  # entries made so far; the next goes to RING[AT[0] & _MASK]
-CURRENT: list[list[Any] | None] = [None]  # the entry of the last call this rank started
-LAST: list[Any] = [None, None]  # what the last entry was for, and the entry (runs)
-RECORDING = [settings.flag("HPCPAR_FLIGHT", strict=False)]  # a typo: settings.check says
-_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the hpcpar package
-_CHECKPOINT = os.path.join(os.path.dirname(_HERE), "checkpoint")
-_INSIDE_PATHS = (_HERE + os.sep, _CHECKPOINT + os.sep)
+_INSIDE_PATHS = core_folders()
 
 
 def enabled() -> bool:
     """Whether calls are recorded (``HPCPAR_FLIGHT=0`` turns the record off)."""
-    return RECORDING[0]
+    return HOT.recording
 
 
 def set_enabled(on: bool) -> None:
     """Turn recording on or off for this process (the overhead benchmark compares both)."""
-    RECORDING[0] = bool(on)
-    LAST[0] = LAST[1] = None
+    HOT.recording = bool(on)
+    HOT.last_key = HOT.last_entry = None
 
 
 def clear() -> None:
     """Forget every entry (tests)."""
     for i in range(SLOTS):
         RING[i] = None
-    AT[0] = 0
+    HOT.at = 0
     _COUNTS.clear()
-    CURRENT[0] = None
-    LAST[0] = LAST[1] = None
+    HOT.current = None
+    HOT.last_key = HOT.last_entry = None
 
 
 def call_site(depth: int = 1) -> tuple[Any, int] | None:
@@ -163,14 +154,14 @@ def enter(
     ``current``: the rank's own thread makes the call (``CURRENT`` follows it), not a
     background one.
     """
-    if not RECORDING[0]:
+    if not HOT.recording:
         return None
     key = (comm, operation, algorithm, count, dtype, op, root)
-    last = LAST[1]
-    if not TRACING and last is not None and LAST[0] == key and last[SEQ] + last[CALLS] == seq:
+    last = HOT.last_entry
+    if not TRACING and last is not None and HOT.last_key == key and last[SEQ] + last[CALLS] == seq:
         last[CALLS] += 1
         if current:
-            CURRENT[0] = last
+            HOT.current = last
         return last
     entry = [
         comm,
@@ -186,11 +177,11 @@ def enter(
         None,
         1,
     ]
-    RING[AT[0] & _MASK] = entry
-    AT[0] += 1
-    LAST[0], LAST[1] = key, entry
+    RING[HOT.at & _MASK] = entry
+    HOT.at += 1
+    HOT.last_key, HOT.last_entry = key, entry
     if current:
-        CURRENT[0] = entry
+        HOT.current = entry
     return entry
 
 
@@ -200,9 +191,9 @@ def setting_up(what: str, depth: int = 1) -> list[Any] | None:
     ``what`` names it (setting up a new communicator, say); nothing is added to the
     record. Returns the entry it replaced in ``CURRENT``, to put back after it.
     """
-    previous = CURRENT[0]
-    if RECORDING[0]:
-        CURRENT[0] = [
+    previous = HOT.current
+    if HOT.recording:
+        HOT.current = [
             what,
             0,
             "set-up",
@@ -241,10 +232,10 @@ def fast_entry(decided: Any, state: Any, operation: str, x: Any, op: Any) -> lis
         None,
         state,
     ]
-    RING[AT[0] & _MASK] = entry
-    AT[0] += 1
-    LAST[0], LAST[1] = decided, entry
-    CURRENT[0] = entry
+    RING[HOT.at & _MASK] = entry
+    HOT.at += 1
+    HOT.last_key, HOT.last_entry = decided, entry
+    HOT.current = entry
     return entry
 
 
@@ -274,7 +265,7 @@ def point(
     dtype (an array's, or a count) in count and dtype. ``current``: the rank's own
     thread makes the call (not a background one). ``depth`` as for ``enter``.
     """
-    if not RECORDING[0]:
+    if not HOT.recording:
         return None
     seq = _COUNTS.get(channel, 0)
     _COUNTS[channel] = seq + 1
@@ -349,7 +340,7 @@ def snapshot(last: int | None = None) -> list[dict[str, Any]]:
     last one's is ``seq + calls - 1``; its ``end`` is None (the run's calls end when
     the next entry starts).
     """
-    made = AT[0]
+    made = HOT.at
     keep = SLOTS if last is None else min(SLOTS, max(0, last))
     entries = [RING[i & _MASK] for i in range(max(0, made - keep), made)]
     entries = [e for e in entries if e is not None]
@@ -358,7 +349,7 @@ def snapshot(last: int | None = None) -> list[dict[str, Any]]:
         record = {key: _name(value) for key, value in zip(FIELDS, entry, strict=False)}
         record["site"] = site_text(entry[SITE])
         record["dtype"] = _dtype_name(entry[DTYPE])
-        record["current"] = entry is CURRENT[0]
+        record["current"] = entry is HOT.current
         if entry[CALLS] is None:  # a fast-path run: up to the next call on its communicator
             later = next((e[SEQ] for e in entries[i + 1 :] if e[COMM] == entry[COMM]), None)
             record["calls"] = (later if later is not None else entry[-1]._sequence) - entry[SEQ]

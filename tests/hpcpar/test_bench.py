@@ -12,6 +12,7 @@ from hpcpar.bench import Variant, format_size, parse_size, size_range, sweep
 from hpcpar.bench.harness import format_header, format_row, quartile_spread
 from hpcpar.cli.main import main
 from hpcpar.errors import UsageError
+from hpcpar.runtime.switches import HOT
 from hpcpar.testing import assert_all
 
 
@@ -400,7 +401,6 @@ def test_a_wrong_result_fails_the_soak(comm, monkeypatch, tmp_path):
 @pytest.mark.mpi
 @pytest.mark.parametrize("feature", ["flight", "guard"])
 def test_the_safety_benchmarks_compare_on_and_off_and_leave_the_feature_on(comm, tmp_path, feature):
-    from hpcpar.collectives import guard
     from hpcpar.runtime import flight
 
     prefix = comm.bcast(str(tmp_path / feature), root=0)
@@ -419,7 +419,7 @@ def test_the_safety_benchmarks_compare_on_and_off_and_leave_the_feature_on(comm,
         ]
     )
     assert_all(status == 0, "benchmark failed", comm)
-    assert_all(flight.enabled() and guard.ENABLED[0], "the feature was left off", comm)
+    assert_all(flight.enabled() and HOT.guard, "the feature was left off", comm)
     if comm.Get_rank() == 0:
         rows = json.loads(open(prefix + ".json").read())["results"]
         calls = ("allreduce", "bcast", "iallreduce", "allreduce-ring")

@@ -12,6 +12,7 @@ import pytest
 
 import hpcpar
 from hpcpar.runtime import flight
+from hpcpar.runtime.switches import HOT
 from hpcpar.testing import assert_all
 
 pytestmark = pytest.mark.mpi
@@ -159,8 +160,8 @@ def test_persistent_starts_are_one_entry_and_keep_the_sequence(comm, fresh):
 
 def test_a_background_phase_does_not_become_the_current_call(comm, fresh):
     hpcpar.bcast(np.ones(2), root=0, comm=comm)
-    mine = flight.CURRENT[0]
+    mine = HOT.current
     assert mine is not None and mine[flight.OPERATION] == "bcast"
     flight.finish(flight.point("checkpoint commit local", "checkpoint", None, 3, current=False))
-    assert flight.CURRENT[0] is mine
+    assert HOT.current is mine
     assert flight.snapshot()[-1]["operation"] == "checkpoint commit local"

@@ -4,7 +4,7 @@
 monitor thread that never touches MPI. The ranks talk over TCP: rank 0 listens (its
 address reaches the others in one broadcast when hpcpar first uses MPI), every rank
 connects to it, and each monitor sends, every fraction of the limit, what its rank is
-doing: the call it started last (the flight record's ``CURRENT``), whether the rank's
+doing: the call it started last (the flight record's ``HOT.current``), whether the rank's
 thread is blocked in it, and for how long. A thread is blocked in a call when the
 innermost frame of its stack is hpcpar's (a collective, a point-to-point call, a halo
 exchange, a checkpoint phase) or, for programs calling mpi4py themselves, a source

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from .. import flight
+from ..switches import HOT
 from .report import SLOW_WINDOW, call_record, describe, end_job, indent, say
 from .stacks import blocked_in, frame_text, stack_text, user_frame
 from .wire import Lines, send_line
@@ -42,7 +43,7 @@ class Monitor(threading.Thread):
         """This rank's state: how it waits, for how long, in which call, and where."""
         frame = self.frame()
         how = blocked_in(frame)
-        entry = flight.CURRENT[0]
+        entry = HOT.current
         call = call_record(entry) if how == "hpcpar" else None
         where = (frame.f_code, frame.f_lineno) if frame is not None else None
         key = (how, id(entry), call["seq"] if call else None, where if how == "mpi" else None)
