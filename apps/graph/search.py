@@ -47,6 +47,12 @@ from .kernels import (
 )
 from .kronecker import GraphError
 from .sssp_kernels import (
+    HEAVY,
+    MEMBERS,
+    NXT,
+    PEND,
+    UNREACHED,
+    UNREACHED_EDGES,
     sssp_apply,
     sssp_mark,
     sssp_pull,
@@ -302,8 +308,8 @@ def _sssp_row(g: DistGraph, root: int, delta: float, direction: str) -> SearchRe
             if direction == "pull" or (direction == "auto" and pulls < pushes):
                 run.pull(table[:, 3])
             else:
-                run.push(run.members, int(run.size[2]), light=False)
-            both[:] = -run.size[1], run.low[0]
+                run.push(run.members, int(run.size[MEMBERS]), light=False)
+            both[:] = -run.size[NXT], run.low[0]
             g.comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MIN)
             if both[0] == 0:
                 break
@@ -332,7 +338,8 @@ class _Buckets:
             np.empty(own, dtype=np.int64) for _ in range(4)
         )
         self.unreached = g.linked().copy()
-        self.size = np.array([0, 0, 0, 0, self.unreached.size, g.degree.sum()], np.int64)
+        self.size = np.zeros(6, np.int64)  # the lengths at sssp_kernels' named slots
+        self.size[UNREACHED], self.size[UNREACHED_EDGES] = self.unreached.size, g.degree.sum()
         self.low = np.array([np.inf])  # the lowest bucket waiting here
         self.member = np.zeros((g.n + 7) >> 3, dtype=np.uint8)  # when pulling
         self.mine = np.zeros(4, dtype=np.int64)  # reopened, push edges, pull edges, members
@@ -341,8 +348,8 @@ class _Buckets:
         if lo <= root < g.grid.hi:
             x = root - lo
             self.dist[x], self.parent[x], self.state[x] = 0.0, root, 1
-            self.pend[0], self.size[0], self.low[0] = x, 1, 0.0
-            self.size[5] -= g.degree[x]
+            self.pend[0], self.size[PEND], self.low[0] = x, 1, 0.0
+            self.size[UNREACHED_EDGES] -= g.degree[x]
 
     def take(self, bucket: float) -> float:
         """Start ``bucket``: its waiting members go to ``nxt``.
@@ -370,12 +377,12 @@ class _Buckets:
         Returns every rank's [reopened, push edges, pull edges, members] of the last round.
         """
         self.epoch += 1
-        self.size[2] = self.size[3] = 0
+        self.size[MEMBERS] = self.size[HEAVY] = 0
         size, g = self.size, self.g
         while True:
             count = sssp_settle(
                 self.nxt,
-                int(size[1]),
+                int(size[NXT]),
                 self.state,
                 self.mark,
                 self.stamp,
@@ -386,9 +393,14 @@ class _Buckets:
                 self.ends,
                 self.active,
             )
-            size[1] = 0
+            size[NXT] = 0
             self.push(self.active, count, light=True)
-            self.mine[:] = size[1], size[3], int(pull_edges) + size[5], size[2]
+            self.mine[:] = (
+                size[NXT],
+                size[HEAVY],
+                int(pull_edges) + size[UNREACHED_EDGES],
+                size[MEMBERS],
+            )
             g.row_comm.Allgather(self.mine, self.table)
             if self.table[:, 0].sum() == 0:
                 return self.table
@@ -438,7 +450,7 @@ class _Buckets:
 
     def pull(self, counts: np.ndarray) -> None:
         """Every waiting or unreached vertex pulls through the members (``counts`` a rank)."""
-        g, lo, m = self.g, self.lo, int(self.size[2])
+        g, lo, m = self.g, self.lo, int(self.size[MEMBERS])
         self.rounds += 1
         rows = np.empty((m, 2), dtype=np.int64)
         rows[:, 0] = self.members[:m] + lo

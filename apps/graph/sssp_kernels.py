@@ -4,9 +4,10 @@ Per owned vertex (local index), ``state`` is 0 (unreached), 1 (reached, waiting 
 ``pend``) or 2 (settled: taken into a bucket). ``pend`` lists each vertex once, from its
 first distance on; entries that have since settled are dropped when it is compacted.
 ``nxt`` collects the vertices whose distance fell into the current bucket during a round
-(``mark`` keeps each once). ``size`` holds the lengths of pend, nxt and the bucket's
-members, the members' heavy edges, the length of the unreached list and the unreached
-vertices' edges (``search._Buckets`` owns them all).
+(``mark`` keeps each once). ``size`` holds, at its named slots, the lengths of ``pend``
+(``PEND``), ``nxt`` (``NXT``) and the bucket's members (``MEMBERS``), the members' heavy
+edges (``HEAVY``), the length of the unreached list (``UNREACHED``) and the unreached
+vertices' edges (``UNREACHED_EDGES``); ``search._Buckets`` owns them all.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ from numba import njit
 from .kernels import group_by_slot, slot_of
 
 __all__ = [
+    "PEND",
+    "NXT",
+    "MEMBERS",
+    "HEAVY",
+    "UNREACHED",
+    "UNREACHED_EDGES",
     "light_ends",
     "sssp_relax",
     "sssp_apply",
@@ -26,6 +33,9 @@ __all__ = [
     "sssp_unmark",
     "sssp_pull",
 ]
+
+# the slots of ``size`` (compile-time constants to numba)
+PEND, NXT, MEMBERS, HEAVY, UNREACHED, UNREACHED_EDGES = range(6)
 
 
 @njit(cache=True)
@@ -55,15 +65,15 @@ def _book(xs, n, dist, state, pend, nxt, mark, size, low, top, delta, degree):
         x = xs[t]
         if state[x] == 0:
             state[x] = 1
-            pend[size[0]] = x
-            size[0] += 1
-            size[5] -= degree[x]
+            pend[size[PEND]] = x
+            size[PEND] += 1
+            size[UNREACHED_EDGES] -= degree[x]
         b = dist[x] / delta
         if state[x] == 2 or b < top:
             if not mark[x]:
                 mark[x] = True
-                nxt[size[1]] = x
-                size[1] += 1
+                nxt[size[NXT]] = x
+                size[NXT] += 1
         elif b < low[0]:
             low[0] = np.floor(b)
 
@@ -165,7 +175,7 @@ def sssp_apply(rows, lo, dist, parent, state, pend, nxt, mark, size, low, top, d
 def sssp_settle(nxt, count, state, mark, stamp, epoch, members, size, indptr, ends, active):
     """Settle ``nxt[:count]``; those with light edges go to ``active``, how many returned.
 
-    Those not yet members of this bucket pass (``epoch``) join ``members``, and ``size[3]``
+    Those not yet members of this bucket pass (``epoch``) join ``members``, and ``size[HEAVY]``
     adds up their heavy edges.
     """
     k = 0
@@ -175,9 +185,9 @@ def sssp_settle(nxt, count, state, mark, stamp, epoch, members, size, indptr, en
         state[x] = 2
         if stamp[x] != epoch:
             stamp[x] = epoch
-            members[size[2]] = x
-            size[2] += 1
-            size[3] += indptr[x + 1] - ends[x]
+            members[size[MEMBERS]] = x
+            size[MEMBERS] += 1
+            size[HEAVY] += indptr[x + 1] - ends[x]
         if ends[x] > indptr[x]:
             active[k] = x
             k += 1
@@ -203,27 +213,27 @@ def sssp_take(pend, size, state, dist, delta, bucket, nxt, mark, low, degree, cd
     entries left (inf if none). Returns an estimate of the edges a pull of this bucket
     would scan in the rows of waiting vertices: for each, the edges lighter than its
     distance less the bucket's floor (the fraction ``cdf``, ``DistGraph.weight_cdf``,
-    says). The unreached vertices' edges (all scanned) are counted in ``size[5]``.
+    says). The unreached vertices' edges (all scanned) are counted in ``size[UNREACHED_EDGES]``.
     """
     k = 0
     least = np.inf
     floor = bucket * delta
     edges = 0.0
-    for t in range(size[0]):
+    for t in range(size[PEND]):
         x = pend[t]
         if state[x] != 1:
             continue
         b = np.floor(dist[x] / delta)
         if b <= bucket:
             mark[x] = True
-            nxt[size[1]] = x
-            size[1] += 1
+            nxt[size[NXT]] = x
+            size[NXT] += 1
         else:
             pend[k] = x
             k += 1
             edges += degree[x] * _below(cdf, dist[x] - floor)
             least = min(least, b)
-    size[0] = k
+    size[PEND] = k
     low[0] = least
     return edges
 
@@ -284,11 +294,11 @@ def sssp_pull(
     """
     one, three, seven = np.uint64(1), np.uint64(3), np.uint64(7)
     ulo = np.uint64(lo)
-    n = size[0]
+    n = size[PEND]
     kept = m = 0
-    mine = np.empty(n + size[4], dtype=np.int64)  # the vertices improved, booked at the end
+    mine = np.empty(n + size[UNREACHED], dtype=np.int64)  # the vertices improved, booked at the end
     for which in range(2):
-        count = n if which == 0 else size[4]
+        count = n if which == 0 else size[UNREACHED]
         for t in range(count):
             x = pend[t] if which == 0 else unreached[t]
             if state[x] != (1 if which == 0 else 0):
@@ -314,7 +324,7 @@ def sssp_pull(
             best[ux + ulo] = here
             mine[m] = x
             m += 1
-    size[4] = kept
+    size[UNREACHED] = kept
     _book(
         mine, m, best[ulo : ulo + state.size], state, pend, nxt, mark, size, low, top, delta, degree
     )

@@ -26,7 +26,7 @@ from .guard import signature, verify
 from .ops import resolve_op
 from .registry import LIBRARY
 from .select import choose
-from .state import fast_state
+from .state import FastDecision, fast_state
 
 __all__ = ["fast_allreduce"]
 
@@ -79,13 +79,13 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
     else:
         return None
     decided = state.fast_auto.get(key)
-    if decided is None or decided[0] is not op:
+    if decided is None or decided.op is not op:
         mpi_op = _decide(state, x, op, algorithm)
         mark = 0 if mpi_op is None else _signature(x, op)
-        decided = state.fast_auto[key] = (op, mpi_op, mark)
+        decided = state.fast_auto[key] = FastDecision(op, mpi_op, mark)
         if len(state.fast_auto) > 4096:  # a program sweeping every size
             state.fast_auto.clear()
-    mpi_op = decided[1]
+    mpi_op = decided.mpi_op
     if mpi_op is None or not x.flags.c_contiguous:
         return None
     if out is None:

@@ -24,7 +24,7 @@ from .agree import agree
 from .channel import Channel, CollectiveStats
 from .errors import CollectiveMismatchError
 
-__all__ = ["CommState", "state_for", "fast_state", "TAGS_PER_CALL"]
+__all__ = ["CommState", "FastDecision", "state_for", "fast_state", "TAGS_PER_CALL"]
 
 TAGS_PER_CALL = 8  # sub-schedules of one call that run side by side use tag + 0..7
 _KEYVAL: int | None = None
@@ -32,6 +32,21 @@ _KEYVAL: int | None = None
 _DEFAULT: tuple[str, CommState, bytes] | None = None  # (layout, state, layout encoded)
 _LAYOUT_KEY = raw_key("HPCPAR_LAYOUT")
 _MADE = 0  # states made in this process: communicators are numbered in that order
+
+
+class FastDecision:
+    """The fast path's decision for one kind of allreduce, kept per communicator.
+
+    Attributes:
+        op: The op as the caller passed it (the decision is for that object).
+        mpi_op: The library's op to call, or None: the call takes the general path.
+        signature: The mismatch guard's signature of the call (0 with no ``mpi_op``).
+    """
+
+    __slots__ = ("mpi_op", "op", "signature")
+
+    def __init__(self, op: Any, mpi_op: Any, signature: int) -> None:
+        self.op, self.mpi_op, self.signature = op, mpi_op, signature
 
 
 class CommState:
@@ -68,11 +83,11 @@ class CommState:
         self.guard_from = 0  # the sequence number of the first of them
         self.guard_next = 1  # compare when the sequence reaches this
         # the fast path's run of identical calls not yet in guard_sum: its cached
-        # decision (signature at [2]) and the sequence number of its first call
-        self.guard_run: tuple[Any, ...] | None = None
+        # decision and the sequence number of its first call
+        self.guard_run: FastDecision | None = None
         self.guard_run_from = 0
         self.auto_cache: dict[tuple[object, ...], tuple[str, str]] = {}
-        self.fast_auto: dict[tuple[object, ...], bool] = {}  # allreduce's fast path
+        self.fast_auto: dict[tuple[object, ...], FastDecision] = {}  # allreduce's fast path
         self.tuned: dict[tuple[object, ...], tuple[str, str]] = {}  # autotune's winners
         self.tuned_quick: dict[tuple[object, ...], tuple[str, str]] = {}  # by call arguments
 
@@ -87,7 +102,7 @@ class CommState:
         if run is not None:
             first = self.guard_run_from
             last = self._sequence if last is None else last
-            self.guard_sum += run[2] * ((first + last) * (last - first + 1) // 2)
+            self.guard_sum += run.signature * ((first + last) * (last - first + 1) // 2)
             self.guard_run = None
 
     def next_tag(self) -> int:
