@@ -61,9 +61,9 @@ class Shape:
         return self.count * self.itemsize
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Algorithm:
-    """One algorithm of one collective, as its module describes it.
+    """One algorithm of one collective, as its module describes it (fields by keyword).
 
     Attributes:
         name: As passed in ``algorithm=``.

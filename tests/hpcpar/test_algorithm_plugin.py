@@ -38,7 +38,16 @@ def counts(c, g, rank, s):
     binomial.count_bcast(c, g.flat, rank, s.nbytes, 0)
 
 
-ALGORITHMS = (Algorithm("reduce_bcast", "allreduce", allreduce, "TY", counts, classic=True),)
+ALGORITHMS = (
+    Algorithm(
+        name="reduce_bcast",
+        collective="allreduce",
+        run=allreduce,
+        label="TY",
+        counts=counts,
+        classic=True,
+    ),
+)
 '''
 
 

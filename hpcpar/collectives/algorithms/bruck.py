@@ -47,11 +47,11 @@ def count_bruck(c: Counts, g: Groups, rank: int, s: Shape) -> None:
 
 ALGORITHMS = (
     Algorithm(
-        "bruck",
-        "alltoall",
-        on_flat(bruck),
-        "BR",
-        count_bruck,
+        name="bruck",
+        collective="alltoall",
+        run=on_flat(bruck),
+        label="BR",
+        counts=count_bruck,
         classic=True,
         summary="ceil(log2 p) rounds of packed blocks: for small equal blocks",
     ),

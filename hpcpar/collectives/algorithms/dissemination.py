@@ -34,11 +34,11 @@ def count_barrier(c: Counts, nodes: list[int], me: int) -> None:
 
 ALGORITHMS = (
     Algorithm(
-        "dissemination",
-        "barrier",
-        on_flat(barrier),
-        "DS",
-        lambda c, g, rank, s: count_barrier(c, g.flat, rank),
+        name="dissemination",
+        collective="barrier",
+        run=on_flat(barrier),
+        label="DS",
+        counts=lambda c, g, rank, s: count_barrier(c, g.flat, rank),
         classic=True,
         summary="ceil(log2 p) rounds of one-byte messages, any p",
     ),

@@ -132,7 +132,13 @@ def alltoall(call: Call, send: Any, recv: Any, block: int) -> Schedule:
 
 
 def _record(collective: str, run: Any) -> Algorithm:
-    return Algorithm(LIBRARY, collective, run, "MPI", summary="the MPI library's own call")
+    return Algorithm(
+        name=LIBRARY,
+        collective=collective,
+        run=run,
+        label="MPI",
+        summary="the MPI library's own call",
+    )
 
 
 ALGORITHMS = (

@@ -56,11 +56,11 @@ def _rails(layout: Layout, rank: int) -> int:
 
 ALGORITHMS = (
     Algorithm(
-        "multi_leader",
-        "allreduce",
-        allreduce,
-        "ML",
-        _count_allreduce,
+        name="multi_leader",
+        collective="allreduce",
+        run=allreduce,
+        label="ML",
+        counts=_count_allreduce,
         order=ORDER_NONE,
         hierarchical=True,
         senders=_rails,

@@ -126,11 +126,11 @@ def _segment_bytes(itemsize: int) -> int:
 
 ALGORITHMS = (
     Algorithm(
-        "pipelined",
-        "allreduce",
-        allreduce,
-        "PL",
-        _count_allreduce,
+        name="pipelined",
+        collective="allreduce",
+        run=allreduce,
+        label="PL",
+        counts=_count_allreduce,
         order=ORDER_CONTIGUOUS,
         hierarchical=True,
         senders=one_per_node,
@@ -139,11 +139,11 @@ ALGORITHMS = (
         summary="two-level in segments, the levels overlapped (HPCPAR_SEGMENT_BYTES)",
     ),
     Algorithm(
-        "pipelined",
-        "bcast",
-        bcast,
-        "PL",
-        _count_bcast,
+        name="pipelined",
+        collective="bcast",
+        run=bcast,
+        label="PL",
+        counts=_count_bcast,
         hierarchical=True,
         senders=one_per_node,
         stages=lambda layout, rank, s: _stages(layout, rank, s, False),

@@ -89,11 +89,11 @@ def count_allreduce(c: Counts, nodes: list[int], me: int, n: int, item: int) -> 
 
 ALGORITHMS = (
     Algorithm(
-        "rabenseifner",
-        "allreduce",
-        on_flat(allreduce),
-        "RB",
-        lambda c, g, rank, s: count_allreduce(c, g.flat, rank, s.count, s.itemsize),
+        name="rabenseifner",
+        collective="allreduce",
+        run=on_flat(allreduce),
+        label="RB",
+        counts=lambda c, g, rank, s: count_allreduce(c, g.flat, rank, s.count, s.itemsize),
         classic=True,
         folds=True,
         senders=folded_senders,

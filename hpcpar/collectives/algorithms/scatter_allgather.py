@@ -37,11 +37,11 @@ def count_bcast(c: Counts, g: Groups, rank: int, s: Shape) -> None:
 
 ALGORITHMS = (
     Algorithm(
-        "scatter_allgather",
-        "bcast",
-        on_flat(bcast),
-        "SA",
-        count_bcast,
+        name="scatter_allgather",
+        collective="bcast",
+        run=on_flat(bcast),
+        label="SA",
+        counts=count_bcast,
         classic=True,
         summary="binomial scatter, then ring allgather (van de Geijn): for large messages",
     ),

@@ -244,11 +244,11 @@ def _count_barrier(c: Counts, g: Groups, rank: int, s: Shape) -> None:
 
 def _record(collective: str, run: object, counts: object, order: str, summary: str) -> Algorithm:
     return Algorithm(
-        "two_level",
-        collective,
-        run,  # type: ignore[arg-type]
-        "2L",
-        counts,  # type: ignore[arg-type]
+        name="two_level",
+        collective=collective,
+        run=run,  # type: ignore[arg-type]
+        label="2L",
+        counts=counts,  # type: ignore[arg-type]
         order=order,
         hierarchical=True,
         senders=one_per_node,
