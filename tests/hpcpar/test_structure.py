@@ -4,15 +4,16 @@ the core never imports an app, every module says what it is for and what it expo
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import hpcpar
 
 ROOT = Path(__file__).resolve().parents[2]
+# where the import system finds them (setup.cfg's package_dir places two outside hpcpar/)
 PACKAGES = {
-    "hpcpar": ROOT / "hpcpar",
-    "hpcpar.checkpoint": ROOT / "checkpoint",
-    "hpcpar.apps": ROOT / "apps",
+    name: Path(importlib.util.find_spec(name).submodule_search_locations[0])
+    for name in ("hpcpar", "hpcpar.checkpoint", "hpcpar.apps")
 }
 
 
