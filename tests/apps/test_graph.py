@@ -282,7 +282,8 @@ def _fake_gap(folder, seconds):
         script = folder / kernel
         trials = "".join(f"echo 'Trial Time:          {s:.5f}'\n" for s in seconds)
         script.write_text(
-            f"#!/bin/sh\necho 'Build Time:          0.25000'\n{trials}"
+            f'#!/bin/sh\necho "$@" > {folder / kernel}.args\n'
+            f"echo 'Build Time:          0.25000'\n{trials}"
             "echo 'Average Time:        0.00000'\n"
         )
         script.chmod(0o755)
@@ -322,6 +323,10 @@ def test_bench_graph_against_gap_and_its_memory_per_edge(tmp_path):
         # the graph: 4-byte targets, 8-byte weights and an 8-byte offset per column vertex
         assert ours["graph_bytes"] >= 12 * 2 * 16 * 2**9 * 0.9
         assert ours["peak_bytes_per_edge"] > ours["graph_bytes"] / (16 * 2**9)
+    # run as GAP's own benchmark runs its Kronecker graph: sssp with -d2
+    assert (tmp_path / "gap" / "bfs.args").read_text().split() == ["-g", "9", "-k", "16", "-n", "2"]
+    assert (tmp_path / "gap" / "sssp.args").read_text().split()[-2:] == ["-d", "2"]
+    assert by[("gap", "sssp")]["delta"] == 2.0
     assert "bytes per input edge" in proc.stdout
 
 
