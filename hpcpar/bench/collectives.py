@@ -264,7 +264,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
 def _predictor(args: argparse.Namespace, h: Any) -> Callable[[str, int], float | None]:
     """The cost model's time for a variant at a size, in microseconds."""
     from ..collectives.cost.explain import plan_for
-    from ..collectives.cost.tally import Layout
+    from ..collectives.tally import Layout
     from ..runtime.profile import load_profile
 
     profile = load_profile(args.profile)

@@ -66,7 +66,7 @@ def machine_profile(args: argparse.Namespace) -> Any:
 
 def machine_layout(nodes: int, ppn: int) -> Any:
     """An even layout of ``nodes`` nodes with ``ppn`` ranks each."""
-    from ..collectives.cost.tally import Layout
+    from ..collectives.tally import Layout
     from ..errors import UsageError
 
     if nodes < 1 or ppn < 1:
@@ -103,7 +103,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run(comm: Any, args: argparse.Namespace) -> int:
     from ..collectives.cost.explain import plan_for
-    from ..collectives.cost.tally import Layout
+    from ..collectives.tally import Layout
     from ..errors import UsageError
     from ..runtime.units import parse_size
     from ..topology import Hierarchy

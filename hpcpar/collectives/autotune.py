@@ -96,10 +96,10 @@ def tuned_algorithm(
     from ..runtime.profile import active_profile
     from .algorithms import ALGORITHMS
     from .cost.explain import plan_for
-    from .cost.tally import Layout
     from .ops import resolve_op
     from .select import valid_for
     from .state import state_for
+    from .tally import Layout
 
     state = state_for(comm)
     rop = resolve_op(op, np.dtype(x.dtype))

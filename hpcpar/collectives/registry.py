@@ -75,7 +75,7 @@ class Algorithm:
             rcounts); barrier(call).
         label: Two or three letters for the simulator's tables.
         counts: ``counts(c, groups, rank, shape)`` adds to the ``Counts`` ``c`` exactly
-            what ``rank`` sends, reduces and waits for (``cost.tally``); None for the
+            what ``rank`` sends, reduces and waits for (``collectives.tally``); None for the
             library's call, whose messages hpcpar cannot see.
         order: ``ORDER_ANY``, ``ORDER_CONTIGUOUS`` or ``ORDER_NONE`` (reductions only).
         hierarchical: Whether it uses the node, leader and rail levels.

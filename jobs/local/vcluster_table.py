@@ -10,7 +10,7 @@ import json
 import sys
 
 from hpcpar.collectives.cost.explain import plan_for
-from hpcpar.collectives.cost.tally import Layout
+from hpcpar.collectives.tally import Layout
 from hpcpar.runtime.profile import load_profile
 
 _TUNED = ("mpi-direct", "auto", "autotune", "auto-persistent", "mpi-persistent")

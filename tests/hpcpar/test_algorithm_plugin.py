@@ -14,8 +14,8 @@ import hpcpar
 from hpcpar.collectives import algorithms_for, last_stats
 from hpcpar.collectives.cost.counts import counts_for
 from hpcpar.collectives.cost.simulate import labels, simulate
-from hpcpar.collectives.cost.tally import Layout
 from hpcpar.collectives.registry import TABLE, register
+from hpcpar.collectives.tally import Layout
 from hpcpar.runtime.profile import default_profile
 from hpcpar.testing import assert_all
 

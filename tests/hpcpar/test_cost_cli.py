@@ -113,7 +113,7 @@ def test_calibrate_then_auto_follows_the_profile(tmp_path):
     script.write_text(
         "import numpy as np, hpcpar\n"
         "from hpcpar.collectives import last_stats\n"
-        "from hpcpar.collectives.cost.tally import Layout\n"
+        "from hpcpar.collectives.tally import Layout\n"
         "from hpcpar.collectives.cost.explain import plan_for\n"
         "h = hpcpar.Hierarchy(layout='ppn:1')\n"
         "for n in (1, 1 << 12, 1 << 21):\n"

@@ -10,7 +10,7 @@ from mpi4py import MPI
 import hpcpar
 from hpcpar.collectives import algorithms_for, last_stats
 from hpcpar.collectives.cost.counts import counts_for
-from hpcpar.collectives.cost.tally import Layout
+from hpcpar.collectives.tally import Layout
 from hpcpar.testing import assert_all, layouts_for
 
 pytestmark = pytest.mark.mpi

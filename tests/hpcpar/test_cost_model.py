@@ -10,7 +10,7 @@ import pytest
 from hpcpar.collectives.cost.explain import plan_for
 from hpcpar.collectives.cost.model import predict, rank_algorithms
 from hpcpar.collectives.cost.simulate import simulate
-from hpcpar.collectives.cost.tally import Layout
+from hpcpar.collectives.tally import Layout
 from hpcpar.runtime.profile import (
     Level,
     Profile,

@@ -74,6 +74,31 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
+def _subpackage(module: str, parent: str) -> str | None:
+    """The subpackage of ``parent`` that ``module`` lies in (None: a plain module of it)."""
+    rest = module[len(parent) + 1 :].split(".") if module.startswith(parent + ".") else []
+    if len(rest) < 2 and not (rest and MODULES.get(module, Path()).name == "__init__.py"):
+        return None
+    return f"{parent}.{rest[0]}"
+
+
+def test_no_two_subpackages_import_each_other():
+    """Sibling subpackages (``collectives.cost`` and ``collectives.algorithms``) depend one
+    way: what both need lives beside them (``collectives.tally``)."""
+    parents = {n for n, p in MODULES.items() if p.name == "__init__.py"}
+    both = []
+    for parent in sorted(parents):
+        arrows = set()
+        for name, found in GRAPH.items():
+            mine = _subpackage(name, parent)
+            for target, _ in found:
+                theirs = _subpackage(target, parent)
+                if mine and theirs and mine != theirs:
+                    arrows.add((mine, theirs))
+        both += sorted(f"{a} <-> {b}" for a, b in arrows if (b, a) in arrows and a < b)
+    assert both == [], "\n".join(both)
+
+
 # The layers, lowest first: a module imports only from its own layer or those below.
 LAYERS = [
     ("base", ["hpcpar", "hpcpar.errors", "hpcpar._version", "hpcpar.layout"]),

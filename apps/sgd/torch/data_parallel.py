@@ -291,7 +291,7 @@ class DataParallel:
         from mpi4py import MPI
 
         from hpcpar.collectives.cost.explain import plan_for
-        from hpcpar.collectives.cost.tally import Layout
+        from hpcpar.collectives.tally import Layout
 
         assert self._timeline is not None
         # each gradient at the latest share of the pass at which a rank had it, times

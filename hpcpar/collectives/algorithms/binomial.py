@@ -13,9 +13,9 @@ import numpy as np
 
 from ..call import Call, on_flat
 from ..channel import Channel, combine, offsets
-from ..cost.tally import Counts
 from ..registry import Algorithm, Shape
 from ..schedule import Schedule
+from ..tally import Counts
 
 __all__ = [
     "bcast",

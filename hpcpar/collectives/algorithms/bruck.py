@@ -6,9 +6,9 @@ import numpy as np
 
 from ..call import on_flat
 from ..channel import Channel
-from ..cost.tally import Counts, Groups
 from ..registry import Algorithm, Shape
 from ..schedule import Schedule
+from ..tally import Counts, Groups
 
 __all__ = ["bruck", "count_bruck", "ALGORITHMS"]
 

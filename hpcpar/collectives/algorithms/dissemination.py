@@ -6,9 +6,9 @@ import numpy as np
 
 from ..call import on_flat
 from ..channel import Channel
-from ..cost.tally import Counts
 from ..registry import Algorithm
 from ..schedule import Schedule
+from ..tally import Counts
 
 __all__ = ["barrier", "count_barrier", "ALGORITHMS"]
 

@@ -15,9 +15,9 @@ import numpy as np
 
 from ..call import Call
 from ..channel import even_counts, offsets
-from ..cost.tally import Counts, Groups, Layout
 from ..registry import ORDER_NONE, Algorithm, Shape
 from ..schedule import Schedule
+from ..tally import Counts, Groups, Layout
 from . import ring
 from .two_level import count_leaders_allreduce, leaders_allreduce
 

@@ -8,9 +8,9 @@ import numpy as np
 
 from ..call import Call, on_flat
 from ..channel import Channel, offsets
-from ..cost.tally import Counts, Groups
 from ..registry import Algorithm, Shape
 from ..schedule import Schedule
+from ..tally import Counts, Groups
 
 __all__ = ["pairwise", "count_pairwise", "ALGORITHMS"]
 

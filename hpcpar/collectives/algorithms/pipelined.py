@@ -12,9 +12,9 @@ import numpy as np
 
 from ...runtime import settings
 from ..call import Call
-from ..cost.tally import Counts, Groups, Layout, groups_of, one_per_node
 from ..registry import ORDER_CONTIGUOUS, Algorithm, Shape
 from ..schedule import Schedule, concurrently
+from ..tally import Counts, Groups, Layout, groups_of, one_per_node
 from . import binomial
 from .two_level import count_leaders_allreduce, count_root_hop, leaders_allreduce
 

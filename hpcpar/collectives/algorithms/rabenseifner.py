@@ -12,9 +12,9 @@ import numpy as np
 
 from ..call import on_flat
 from ..channel import Channel, combine
-from ..cost.tally import Counts
 from ..registry import Algorithm
 from ..schedule import Schedule
+from ..tally import Counts
 from .recursive_doubling import (
     count_fold_in,
     count_unfold,

@@ -12,9 +12,9 @@ import numpy as np
 
 from ..call import on_flat
 from ..channel import Channel, combine, offsets
-from ..cost.tally import Counts, Layout
 from ..registry import Algorithm
 from ..schedule import Schedule
+from ..tally import Counts, Layout
 
 __all__ = [
     "fold",

@@ -11,9 +11,9 @@ import numpy as np
 
 from ..call import on_flat
 from ..channel import Channel, combine, even_counts, offsets
-from ..cost.tally import Counts, Layout, send_blocks, whole_node
 from ..registry import ORDER_NONE, Algorithm
 from ..schedule import Schedule
+from ..tally import Counts, Layout, send_blocks, whole_node
 
 __all__ = [
     "reduce_scatter",

@@ -9,9 +9,9 @@ import numpy as np
 
 from ..call import on_flat
 from ..channel import Channel, even_counts
-from ..cost.tally import Counts, Groups
 from ..registry import Algorithm, Shape
 from ..schedule import Schedule
+from ..tally import Counts, Groups
 from . import binomial, ring
 
 __all__ = ["bcast", "count_bcast", "ALGORITHMS"]

@@ -11,9 +11,9 @@ import numpy as np
 
 from ..call import Call
 from ..channel import Channel, offsets
-from ..cost.tally import Counts, Groups, one_per_node
 from ..registry import ORDER_ANY, ORDER_CONTIGUOUS, ORDER_NONE, Algorithm, Shape
 from ..schedule import Schedule
+from ..tally import Counts, Groups, one_per_node
 from . import binomial, dissemination, rabenseifner, recursive_doubling, ring
 
 __all__ = [

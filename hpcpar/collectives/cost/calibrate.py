@@ -23,8 +23,8 @@ import numpy as np
 
 from ...runtime.profile import Level, Profile
 from ..algorithms import ALGORITHMS
+from ..tally import Layout
 from .counts import counts_for
-from .tally import Layout
 
 __all__ = ["calibrate", "PING_SIZES", "LIBRARY_SIZES"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..algorithms import ALGORITHMS
 from ..channel import even_counts
 from ..registry import Shape
-from .tally import Counts, Layout, groups_of
+from ..tally import Counts, Layout, groups_of
 
 __all__ = ["counts_for", "shape_of"]
 

@@ -10,8 +10,8 @@ from ..algorithms import ALGORITHMS
 from ..errors import CollectiveError
 from ..names import COLLECTIVES
 from ..registry import LIBRARY
+from ..tally import Layout
 from .model import TIE, Prediction, rank_algorithms
-from .tally import Layout
 
 __all__ = ["Plan", "explain", "plan_for", "auto_choice"]
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from ...runtime.profile import Profile
 from ..algorithms import ALGORITHMS
 from ..registry import LIBRARY, ORDER_ANY, ORDER_NONE, Algorithm
+from ..tally import Counts, Layout, whole_node
 from .counts import counts_for, shape_of
-from .tally import Counts, Layout, whole_node
 
 __all__ = ["Prediction", "predict", "rank_algorithms", "representatives", "classic", "TIE"]
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from ...runtime.profile import Profile
 from ..algorithms import ALGORITHMS
 from ..registry import LIBRARY
+from ..tally import Layout
 from .model import predict
-from .tally import Layout
 
 __all__ = ["SimulationRow", "simulate", "labels"]
 
