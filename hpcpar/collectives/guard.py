@@ -21,7 +21,17 @@ step when the run ends (``fold_guard_run`` on the communicator's state): the sam
 Sums that differ raise ``CollectiveMismatchError`` on every rank,
 naming the first call that differed and what each rank called (from the flight
 record), so a mismatch from the first call on is caught before it computes anything
-and a later one within ``EVERY`` calls. ``hpcpar bench guard`` measures the cost.
+and a later one within ``EVERY`` calls, or at the end of the job, whichever comes first:
+when the program ends normally every rank compares the calls on the world communicator
+(hpcpar's default one and ``MPI.COMM_WORLD``) since their last comparison
+(``compare_at_exit``), and a difference ends the job with the guard's error and status 1.
+``hpcpar bench guard`` measures the cost.
+
+A call whose byte count differs between ranks is reported by the MPI library when a
+rank receives more than it expected (turned into ``CollectiveMismatchError``, see
+``errors.explain_mpi_error``), but a rank that receives less is not told, and the call
+can return a wrong result to it before the job ends. ``HPCPAR_CHECK=1`` compares every
+call before it moves data.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from ..runtime import flight
 from ..runtime.switches import HOT
 from .errors import CollectiveMismatchError
 
-__all__ = ["EVERY", "MASK", "fold", "signature", "verify", "set_enabled"]
+__all__ = ["EVERY", "MASK", "compare_at_exit", "fold", "signature", "verify", "set_enabled"]
 
 EVERY = 256  # calls between comparisons, once the first ones (1, 2, 4, ...) are done
 MASK = (1 << 62) - 1  # the sums are compared modulo 2**62
@@ -98,16 +108,45 @@ def verify(state: Any, collective: str) -> None:
     raise CollectiveMismatchError(_explain(state, collective, first, seq, mine))
 
 
-def _explain(state: Any, collective: str, first: int, last: int, mine: int) -> str:
-    """What differed among the calls numbered ``first + 1 .. last`` (collective)."""
+def compare_at_exit(states: list[Any], comm: MPI.Intracomm) -> str | None:
+    """Compare the calls since the last comparison of ``states`` as the job ends.
+
+    ``states``: this rank's states of the world-wide communicators (a rank that never
+    called on one has none); ``comm``: a world-wide communicator every rank has.
+    Collective over ``comm``. Returns None when every rank made the same calls, else
+    the guard's message (on every rank).
+    """
+    total = 0
+    for state in states:
+        state.fold_guard_run()
+        total += state.guard_sum
+    mine = total & MASK
+    both = np.array([mine, -mine], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, both, MPI.MAX)
+    if int(both[0]) == mine and -int(both[1]) == mine:
+        return None
+    for state in sorted(states, key=lambda s: s.label):
+        if state.guard_sum & MASK:  # the first state with calls to compare, by name
+            span = (state.guard_from, state._sequence + 1)
+            return _explain(state, "the end of the job", *span, mine, comm)
+    return _explain(None, "the end of the job", 0, 0, mine, comm)
+
+
+def _explain(
+    state: Any, collective: str, first: int, last: int, mine: int, comm: Any = None
+) -> str:
+    """What differed among the calls numbered ``first .. last - 1``.
+
+    Collective over ``comm``, by default the state's own communicator.
+    """
     calls = {}
-    for record in flight.snapshot():
+    for record in flight.snapshot() if state is not None else ():
         if record["comm"] != state.label:
             continue
         for seq in range(record["seq"], record["seq"] + (record["calls"] or 1)):
             if first <= seq < last:
                 calls[seq] = _what(record)
-    every = state.private.allgather((mine, calls))
+    every = (comm or state.private).allgather((mine, calls))
     tail = "; HPCPAR_CHECK=1 compares every call's arguments as it is made"
     for seq in range(first, last):
         seen: dict[str, list[int]] = {}
@@ -117,6 +156,7 @@ def _explain(state: Any, collective: str, first: int, last: int, mine: int) -> s
         if len(seen) > 1:
             parts = "; ".join(f"rank(s) {format_ranks(r)} called {w}" for w, r in seen.items())
             return f"{collective}: ranks differ at #{seq} on {state.label}: {parts}{tail}"
+    where = f" on {state.label}" if state is not None else ""
     groups: dict[int, list[int]] = {}
     for rank, (theirs, _) in enumerate(every):
         groups.setdefault(theirs, []).append(rank)
@@ -124,7 +164,7 @@ def _explain(state: Any, collective: str, first: int, last: int, mine: int) -> s
     calls = f"call #{first}" if last - first == 1 else f"one of calls #{first}-#{last - 1}"
     return (
         f"{collective}: {parts} passed different arguments (dtype, op, count, root, "
-        f"algorithm or options) to {calls} on {state.label}{tail}"
+        f"algorithm or options) to {calls}{where}{tail}"
     )
 
 

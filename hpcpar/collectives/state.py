@@ -10,12 +10,14 @@ they never match the user's own messages on the same communicator.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from mpi4py import MPI
 
 from ..runtime import flight, settings
-from ..runtime.comm import default_comm, resolve_comm
+from ..runtime.abort import abort_job
+from ..runtime.comm import default_comm, end_of_job, resolve_comm
 from ..runtime.env import getenv_fast
 from ..runtime.settings import raw_key
 from ..runtime.switches import HOT
@@ -23,6 +25,7 @@ from ..topology import Hierarchy
 from .agree import agree
 from .channel import Channel, CollectiveStats
 from .errors import CollectiveMismatchError
+from .guard import compare_at_exit
 
 __all__ = ["CommState", "FastDecision", "state_for", "fast_state", "TAGS_PER_CALL"]
 
@@ -201,3 +204,24 @@ def state_for(comm: Any) -> CommState:
     if comm is None:
         _DEFAULT = (key, cache[key], os.fsencode(key))
     return cache[key]
+
+
+def _compare_at_exit(comm: MPI.Intracomm) -> None:
+    """As the program ends: the guard's last comparison on the world communicators.
+
+    A difference is reported once (by rank 0) and ends the job with status 1, as an
+    uncaught ``CollectiveMismatchError`` does.
+    """
+    if not HOT.guard:
+        return
+    bases = (default_comm(), MPI.COMM_WORLD) if _KEYVAL is not None else ()
+    states = [state for base in bases for state in (base.Get_attr(_KEYVAL) or {}).values()]
+    message = compare_at_exit(states, comm)
+    if message is None:
+        return
+    if comm.Get_rank() == 0:
+        sys.stderr.write(f"hpcpar: CollectiveMismatchError: {message}\n")
+    abort_job(1)
+
+
+end_of_job(_compare_at_exit)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from mpi4py import MPI
@@ -15,10 +16,23 @@ from .exits import mark_started
 from .trace import arm as arm_trace
 from .watchdog import start_from_env as start_watchdog
 
-__all__ = ["default_comm", "idle_barrier", "resolve_comm", "world_rank_size"]
+__all__ = ["default_comm", "end_of_job", "idle_barrier", "resolve_comm", "world_rank_size"]
 
 _lock = threading.Lock()
 _default: MPI.Intracomm | None = None
+_ending: list[Callable[[MPI.Intracomm], None]] = []  # end_of_job's functions
+
+
+def end_of_job(function: Callable[[MPI.Intracomm], None]) -> None:
+    """Call ``function(comm)`` on every rank as the program ends normally.
+
+    ``comm`` is a world-wide communicator kept for these calls alone, so their
+    collective calls never match another call of a rank that is still running. They
+    run after the watchdog has been told that this rank finished and before MPI is
+    finalised, in the order they were added, on a process that made the default
+    communicator. Add them at import time, so that every rank has the same.
+    """
+    _ending.append(function)
 
 
 def default_comm() -> MPI.Intracomm:
@@ -40,6 +54,9 @@ def default_comm() -> MPI.Intracomm:
             comm = MPI.COMM_WORLD.Dup()
             comm.Set_name("hpcpar")
             mark_started(MPI.COMM_WORLD.Get_rank())
+            ending = MPI.COMM_WORLD.Dup()
+            ending.Set_name("hpcpar-end")
+            atexit.register(_end, ending)  # after the watchdog's goodbye (registered later)
             arm_trace(MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
             start_watchdog(comm)  # when HPCPAR_WATCHDOG asks for one
             _default = comm
@@ -55,6 +72,12 @@ def _ensure_initialized() -> None:
         return
     MPI.Init_thread(MPI.THREAD_MULTIPLE)
     atexit.register(_finalize)
+
+
+def _end(comm: MPI.Intracomm) -> None:
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        for function in _ending:
+            function(comm)
 
 
 def _finalize() -> None:
