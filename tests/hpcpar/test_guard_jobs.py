@@ -24,12 +24,9 @@ WATCHDOG = "4"  # seconds: a changed root can leave ranks waiting for each other
 
 
 def _trial(ranks, seed, kind, at, victim, algorithm, **env):
-    job = hpcpar(
-        "launch", "-n", str(ranks), "--timeout", "60", "--watchdog", WATCHDOG, "--",
-        "python", JOB, str(seed), kind, str(at), str(victim), algorithm,
-        env=clean_env(**env),
-        timeout=90,
-    )  # fmt: skip
+    options = ["-n", str(ranks), "--timeout", "60", "--watchdog", WATCHDOG]
+    command = ["python", JOB, str(seed), kind, str(at), str(victim), algorithm]
+    job = hpcpar("launch", *options, "--", *command, env=clean_env(**env), timeout=90)
     text = job.stdout + job.stderr
     wrong = [int(i) for i in re.findall(r"WRONG #(\d+)", text)]
     finished = len(re.findall(r"done on rank", text))
