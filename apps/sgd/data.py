@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,33 @@ def _check_xy(file: Any, x: Any, y: np.ndarray) -> np.ndarray:
     return classes
 
 
+_BUNDLED = {
+    "digits": "digits.csv.gz",
+    "breast_cancer": "breast_cancer.csv",
+    "wine": "wine_data.csv",
+}
+
+
+def _bundled(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Features and labels of one of scikit-learn's bundled datasets.
+
+    Read from the CSV files scikit-learn ships, without importing scikit-learn (whose
+    import takes longer than reading them); its loader is the fallback.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise SgdError(f"dataset {name} needs scikit-learn (pip install scikit-learn)")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / _BUNDLED[name]
+    if not path.is_file():
+        from sklearn import datasets
+
+        bunch = getattr(datasets, f"load_{name}")()
+        return bunch.data.astype(np.float64), np.asarray(bunch.target, dtype=np.int64)
+    # digits: 64 pixels and the label per row; the others start with a line of sizes
+    table = np.loadtxt(path, delimiter=",", skiprows=0 if name == "digits" else 1)
+    return table[:, :-1].copy(), table[:, -1].astype(np.int64)
+
+
 def load_dataset(
     name: str, seed: int = 0, shard: tuple[int, int] | None = None, comm: Any = None
 ) -> Dataset:
@@ -194,15 +222,9 @@ def load_dataset(
         )
     if name.endswith((".npz", ".h5", ".hdf5")):
         return load_file(name, seed)
-    if name in ("digits", "breast_cancer", "wine"):
-        try:
-            from sklearn import datasets
-        except ImportError:
-            raise SgdError(
-                f"dataset {name} needs scikit-learn (pip install scikit-learn)"
-            ) from None
-        bunch = getattr(datasets, f"load_{name}")()
-        return _split(name, bunch.data.astype(np.float64), bunch.target, seed)
+    if name in _BUNDLED:
+        x, y = _bundled(name)
+        return _split(name, x, y, seed)
     rng = np.random.default_rng(1000 + seed)
     if name == "synthetic":
         n, d, k = 20000, 100, 10

@@ -37,6 +37,18 @@ def test_gradient_matches_finite_differences(name, sparse):
         assert abs((up - down) / (2 * eps) - grad[i]) < 1e-6 * max(1.0, abs(grad[i]))
 
 
+@pytest.mark.parametrize("name", ["digits", "breast_cancer", "wine"])
+def test_bundled_datasets_are_scikit_learns(name):
+    """Read from scikit-learn's CSV files without importing it: its loaders' arrays."""
+    from hpcpar.apps.sgd.data import _bundled
+    from sklearn import datasets
+
+    x, y = _bundled(name)
+    bunch = getattr(datasets, f"load_{name}")()
+    assert x.dtype == np.float64 and np.array_equal(x, bunch.data)
+    assert np.array_equal(y, bunch.target)
+
+
 def test_mlp_reaches_95_percent_on_digits():
     data = load_dataset("digits")
     model = make_model("mlp", data.n_features, data.n_classes, seed=1)
