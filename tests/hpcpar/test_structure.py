@@ -208,3 +208,20 @@ def test_the_public_names_resolve():
 
     for name in collectives.__all__:
         assert getattr(collectives, name) is not None, name
+
+
+def test_every_package_folder_is_installed():
+    """setup.cfg lists every folder with an ``__init__.py`` (a new subpackage left out
+    would be missing from a regular install, where only the editable one finds it)."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    listed = set(config["options"]["packages"].split())
+    where = {"hpcpar": "hpcpar", "checkpoint": "hpcpar.checkpoint", "apps": "hpcpar.apps"}
+    found = set()
+    for folder, name in where.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((name, *parts)))
+    assert found == listed, (sorted(found - listed), sorted(listed - found))
