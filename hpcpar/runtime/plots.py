@@ -2,7 +2,7 @@
 
 Plots are drawn from the figures a command has already written, never during the timed
 part; matplotlib is optional (``pip install 'hpcpar[plot]'``), so every plot is skipped
-quietly without it.
+quietly without it, and with ``HPCPAR_PLOTS=0``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,14 @@ MISSING = "matplotlib is not installed, so no PNG (pip install 'hpcpar[plot]')"
 
 
 def pyplot() -> Any | None:
-    """``matplotlib.pyplot`` with a non-interactive backend, or None without matplotlib."""
+    """``matplotlib.pyplot`` with a non-interactive backend, or None.
+
+    None without matplotlib, or with ``HPCPAR_PLOTS=0``.
+    """
+    from .settings import flag
+
+    if not flag("HPCPAR_PLOTS"):
+        return None
     try:
         import matplotlib
 

@@ -316,6 +316,14 @@ TABLE: tuple[Setting, ...] = (
         "where the batch scripts of `hpcpar jobs` (and `jobs/slurm/*.sbatch`) write their results",
     ),
     Setting(
+        "HPCPAR_PLOTS",
+        "flag",
+        "1",
+        CALL,
+        False,
+        "`0` skips the PNG plots that commands draw beside their results files",
+    ),
+    Setting(
         "HPCPAR_NO_GPU",
         "flag",
         "0",

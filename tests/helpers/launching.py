@@ -11,12 +11,14 @@ JOB_TIMEOUT = 60
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This environment minus any process-manager variables of the test process itself."""
+    """This environment minus any process-manager variables of the test process itself,
+    and no PNG plots (``HPCPAR_PLOTS=0``) unless ``extra`` asks for them."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "HPCPAR_"))
     }
+    env["HPCPAR_PLOTS"] = "0"
     env.update(extra)
     return env
 
