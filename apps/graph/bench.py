@@ -14,7 +14,8 @@ own kernels; its harmonic means are compared with ours. With ``--gap-binary DIR`
 GAP benchmark suite's ``bfs`` and ``sssp`` (built from its public source) run on rank 0
 with as many OpenMP threads as the job has ranks, on GAP's own Kronecker graph of the
 same SCALE and degree, ``--roots`` trials each (``sssp`` with ``--gap-delta``, by default
-the 2 that GAP's own benchmark runs on Kronecker graphs); their times are turned into TEPS with
+the 2 that GAP's own benchmark runs on Kronecker graphs; a list such as ``1,2,4`` runs it
+once per delta and compares with the fastest); their times are turned into TEPS with
 Graph500's edge count (the mean over our keys of the input edges in the searched
 component), so the rates compare like for like.
 
@@ -66,14 +67,23 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gap-delta",
-        type=real(0, above=True),
-        default=2.0,
-        metavar="D",
+        type=_deltas,
+        default=[2.0],
+        metavar="D[,D...]",
         help="GAP sssp's delta (-d; default 2, what GAP's benchmark/bench.mk runs on Kronecker "
-        "graphs)",
+        "graphs); several: one run each, hpcpar compared with the fastest",
     )
     parser.add_argument("--no-scipy", action="store_true", help="leave out the scipy peer")
     parser.add_argument("--peer-timeout", type=real(0, above=True), default=900.0, metavar="S")
+
+
+def _deltas(text: str) -> list[float]:
+    """An argparse ``type``: one or more deltas above 0, comma-separated."""
+    one = real(0, above=True)
+    deltas = [one(part) for part in text.split(",")]
+    if len(set(deltas)) != len(deltas):
+        raise argparse.ArgumentTypeError(f"a delta given twice in {text!r}")
+    return deltas
 
 
 def _teps(times: list[float], nedge: list[int]) -> dict[str, float]:
@@ -171,19 +181,21 @@ def _gap(
     kernels: list[str],
     edges: float,
     timeout: float,
-    delta: float,
+    deltas: list[float],
 ) -> list[dict]:
     """GAP's kernels on its own graph of this SCALE and degree, in Graph500's edges.
 
-    ``sssp`` runs with ``-d delta`` (GAP's benchmark runs its Kronecker graph with 2).
+    ``sssp`` runs with ``-d delta`` for each of ``deltas`` (GAP's benchmark runs its
+    Kronecker graph with 2): variant ``gap`` for one delta, ``gap-d<D>`` for several.
     """
     from pathlib import Path
 
     docs = []
-    for kernel in kernels:
+    runs = [(k, d) for k in kernels for d in (deltas if k == "sssp" else [None])]
+    for kernel, delta in runs:
         binary = Path(folder) / kernel
         cmd = [str(binary), "-g", str(scale), "-k", str(edgefactor), "-n", str(roots)]
-        if kernel == "sssp":
+        if delta is not None:
             cmd += ["-d", f"{delta:g}"]
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_PROC_BIND="false")
         done = subprocess.run(
@@ -197,10 +209,10 @@ def _gap(
         build = re.search(r"Build Time:\s+(\S+)", done.stdout)
         docs.append(
             {
-                "variant": "gap",
+                "variant": "gap" if delta is None or len(deltas) == 1 else f"gap-d{delta:g}",
                 "kernel": kernel,
                 "threads": threads,
-                "delta": delta if kernel == "sssp" else None,
+                "delta": delta,
                 "teps": _teps(times, [int(edges)] * len(times)),
                 "construction_s": float(build.group(1)) if build else None,
             }
@@ -362,10 +374,16 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
 def _report(say: Any, scale: int, size: int, docs: list[dict]) -> list[Row]:
     rows = []
     by = {(d["variant"], d["kernel"]): d for d in docs}
+    fastest_gap: dict[str, dict] = {}  # per kernel, over GAP's runs (one per delta)
+    for d in docs:
+        if d["variant"].startswith("gap"):
+            best = fastest_gap.get(d["kernel"])
+            if best is None or d["teps"]["harmonic_mean"] > best["teps"]["harmonic_mean"]:
+                fastest_gap[d["kernel"]] = d
     for d in docs:
         kernel, hm = d["kernel"], d["teps"]["harmonic_mean"]
         sci, ref = by.get(("scipy", kernel)), by.get(("graph500-ref", kernel))
-        gap = by.get(("gap", kernel))
+        gap = fastest_gap.get(kernel)
         d["vs_scipy"] = hm / sci["teps"]["harmonic_mean"] if sci else None
         d["vs_reference"] = hm / ref["teps"]["harmonic_mean"] if ref else None
         d["vs_gap"] = hm / gap["teps"]["harmonic_mean"] if gap else None

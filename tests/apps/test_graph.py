@@ -330,6 +330,39 @@ def test_bench_graph_against_gap_and_its_memory_per_edge(tmp_path):
     assert "bytes per input edge" in proc.stdout
 
 
+def test_bench_graph_sweeps_gaps_delta_and_compares_with_the_fastest(tmp_path):
+    """``--gap-delta 1,2,4``: GAP's sssp once per delta (a row each); hpcpar's ratio is
+    to the fastest of them, GAP's own rows' ratios to it too."""
+    from launching import hpcpar
+
+    folder = tmp_path / "gap"
+    _fake_gap(folder, [0.002])
+    seconds = {"1": 0.004, "2": 0.001, "4": 0.002}  # -d2 fastest
+    cases = "".join(f"  {d}) t={t};;\n" for d, t in seconds.items())
+    (folder / "sssp").write_text(
+        f'#!/bin/sh\necho "$@" >> {folder}/sssp.args\nfor a; do d=$a; done\n'
+        f'case $d in\n{cases}esac\necho "Trial Time:          $t"\n'
+    )
+    run = ["bench", "graph", "--scales", "8", "--roots", "1", "--partitions", "1d-vertex"]
+    gap = ["--gap-binary", str(folder), "--gap-delta", "1,2,4"]
+    proc = hpcpar(*run, "--kernels", "sssp", "--no-scipy", *gap, "--output", str(tmp_path / "g"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "g.json").read_text())["results"]
+    by = {r["variant"]: r for r in rows}
+    assert {"gap-d1", "gap-d2", "gap-d4"} <= set(by)
+    assert [line.split()[-1] for line in (folder / "sssp.args").read_text().splitlines()] == [
+        "1",
+        "2",
+        "4",
+    ]
+    fastest = by["gap-d2"]["teps"]["harmonic_mean"]
+    for variant, row in by.items():
+        assert row["vs_gap"] == pytest.approx(row["teps"]["harmonic_mean"] / fastest), variant
+    assert by["gap-d1"]["vs_gap"] == pytest.approx(0.25)
+    bad = hpcpar("bench", "graph", "--gap-delta", "2,0", "--gap-binary", str(folder))
+    assert bad.returncode == 2 and "--gap-delta" in bad.stderr and "Traceback" not in bad.stderr
+
+
 @pytest.mark.reliability("bad_input")
 def test_bench_graph_without_gap_binaries_is_a_one_line_error(tmp_path):
     from launching import hpcpar
