@@ -5,10 +5,11 @@ In one job, for the model and data chosen: hpcpar's SGD modes (``sync``, ``local
 efficiency), PyTorch's ``DistributedDataParallel`` over gloo (``gradient_as_bucket_view``,
 as PyTorch recommends) training the same network (same layers, tanh, float64, the same
 initial weights, global batch, learning rate and data order) on every rank, the same torch
-network through hpcpar's ``DataParallel`` (``torch-hpcpar`` as it chooses; ``torch-hpcpar-
-thread`` reducing its buckets on a thread during the backward pass, ``torch-hpcpar-after``
-after it), and, for the linear model, scikit-learn's ``SGDClassifier`` on rank 0. Variants
-are interleaved over ``--repeats`` runs of ``--epochs`` epochs.
+network through hpcpar's ``DataParallel`` (``torch-hpcpar`` as it chooses;
+``torch-hpcpar-thread`` reducing its buckets on a thread during the backward pass,
+``torch-hpcpar-after`` after it), and, for the linear model, scikit-learn's
+``SGDClassifier`` on rank 0. Variants are interleaved over ``--repeats`` runs of
+``--epochs`` epochs.
 
 Figures per variant: samples/s (median over every timed epoch, min, max and the
 quartile spread), time to ``--target`` test accuracy (median over the runs; training
