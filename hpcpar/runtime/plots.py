@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .settings import flag
+
 __all__ = ["pyplot", "save", "MISSING"]
 
 MISSING = "matplotlib is not installed, so no PNG (pip install 'hpcpar[plot]')"
@@ -20,8 +22,6 @@ def pyplot() -> Any | None:
 
     None without matplotlib, or with ``HPCPAR_PLOTS=0``.
     """
-    from .settings import flag
-
     if not flag("HPCPAR_PLOTS"):
         return None
     try:
