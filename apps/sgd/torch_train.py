@@ -34,6 +34,7 @@ def build_torch_model(name: str, n_features: int, n_classes: int, hidden: int, s
     Raises:
         SgdError: an unknown model, or ``cnn`` on rows that are not square images.
     """
+    check_torch_model(name, n_features)
     import torch
 
     nn = torch.nn
@@ -45,23 +46,31 @@ def build_torch_model(name: str, n_features: int, n_classes: int, hidden: int, s
         for _ in range(int(name[-1]) - 1):
             layers += [nn.Linear(hidden, hidden), nn.Tanh()]
         return nn.Sequential(*layers, nn.Linear(hidden, n_classes))
-    if name == "cnn":
-        side = math.isqrt(n_features)
-        if side * side != n_features:
-            raise SgdError(
-                f"cnn takes square single-channel images; {n_features} features "
-                "per row are not a square"
-            )
-        return nn.Sequential(
-            nn.Unflatten(1, (1, side, side)),
-            nn.Conv2d(1, 16, 3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.Flatten(),
-            nn.Linear(32 * side * side, n_classes),
+    side = math.isqrt(n_features)  # cnn, the last of TORCH_MODELS
+    return nn.Sequential(
+        nn.Unflatten(1, (1, side, side)),
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(32 * side * side, n_classes),
+    )
+
+
+def check_torch_model(name: str, n_features: int) -> None:
+    """Refuse a model ``build_torch_model`` cannot make, before torch is imported.
+
+    Raises:
+        SgdError: an unknown model, or ``cnn`` on rows that are not square images.
+    """
+    if name not in TORCH_MODELS:
+        raise SgdError(f"unknown torch model {name!r}; choose from {', '.join(TORCH_MODELS)}")
+    if name == "cnn" and math.isqrt(n_features) ** 2 != n_features:
+        raise SgdError(
+            f"cnn takes square single-channel images; {n_features} features "
+            "per row are not a square"
         )
-    raise SgdError(f"unknown torch model {name!r}; choose from {', '.join(TORCH_MODELS)}")
 
 
 def my_rows(order: np.ndarray, index: int, batch: int, rank: int, size: int) -> np.ndarray:
@@ -79,12 +88,9 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
     Raises:
         SgdError: a bad model, data set or checkpoint.
     """
-    import torch
-
     from hpcpar.topology import Hierarchy
 
     from .data import load_dataset
-    from .torch import DataParallel
 
     if args.mode not in ("sync", "local"):
         raise SgdError(f"--framework torch trains in mode sync or local, not {args.mode}")
@@ -105,6 +111,11 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
     steps = n // args.batch
     if steps < 1:
         raise SgdError(f"{args.dataset}: {n} training rows make no batch of {args.batch}")
+    check_torch_model(args.model, data.n_features)
+    import torch  # after the checks: a bad run is refused without torch's import time
+
+    from .torch import DataParallel
+
     net = build_torch_model(args.model, data.n_features, data.n_classes, args.hidden, args.seed)
     h = Hierarchy(comm, layout=args.layout)
     model = DataParallel(net, comm=h, bucket_mib=args.bucket_mib)
