@@ -12,10 +12,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from .errors import LaunchError
 from .layout import format_ranks, node_assignment
@@ -295,6 +297,9 @@ _KILLED = (0, 6, 9, 11, 15, 128 + 6, 128 + 9, 128 + 11, 128 + 15)
 # message longer than its receive buffer (class 14, MPI_ERR_TRUNCATE) is fatal inside
 # the library's blocking collectives, whatever the communicator's error handler says.
 _LIBRARY_TRUNCATE = 128 + 14
+# MPICH's line for it: the MPI launcher's status may instead be that of a rank it then
+# killed, so the job's error output is read for it too
+_TRUNCATE_LINE = b"Message truncated"
 MISMATCH_EXIT = 1  # the status of an uncaught CollectiveMismatchError, whoever found it
 
 
@@ -308,14 +313,15 @@ def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
     ranks, is reported naming the rank that left first (and how, for a fatal signal)
     apart from the ranks then killed; it returns ``EARLY_EXIT`` (``runtime.exits``). A
     job that a rank ended on purpose (the watchdog) returns the status that rank gave.
-    A job the MPI library ended for a truncated message is a collective called with
-    different counts: reported as such, status ``MISMATCH_EXIT``.
+    A job the MPI library ended for a truncated message (its status, or its line in
+    the job's error output, which passes through the launcher) is a collective called
+    with different counts: reported as such, status ``MISMATCH_EXIT``.
     """
     with tempfile.TemporaryDirectory(prefix="hpcpar-exits-") as exits:
         folder = Path(exits)
         with Departures(folder) as departures:
             try:
-                status = _run(plan, timeout, {**os.environ, **plan.env, EXIT_ENV: exits})
+                status, truncated = _run(plan, timeout, {**os.environ, **plan.env, EXIT_ENV: exits})
             finally:
                 _end_strays(f"{EXIT_ENV}={exits}".encode())
         gone = unfinished(folder)
@@ -326,7 +332,7 @@ def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
         # a rank ended the job on purpose (the watchdog): the MPI launcher's status is
         # that of whichever rank it saw end first, or of its kill of the rest
         return chosen[0]
-    if gone and status == _LIBRARY_TRUNCATE:
+    if gone and (status == _LIBRARY_TRUNCATE or (truncated and status in _KILLED)):
         who = f"rank(s) {format_ranks(first or gone)}"
         sys.stderr.write(
             f"hpcpar launch: CollectiveMismatchError on {who}: a message from another rank "
@@ -365,15 +371,38 @@ def _who_left(gone: list[int], first: list[int], crashed: dict[int, str]) -> str
     return f"rank(s) {format_ranks(culprits)} left the job without finishing ({how}){after}"
 
 
-def _run(plan: LaunchPlan, timeout: float | None, env: dict[str, str]) -> int:
+class _ErrorOutput(threading.Thread):
+    """Pass a job's error output on to this process's, noting MPICH's truncation line."""
+
+    def __init__(self, pipe: IO[bytes]) -> None:
+        super().__init__(name="hpcpar-launch-stderr", daemon=True)
+        self.pipe = pipe
+        self.truncated = False
+
+    def run(self) -> None:
+        tail = b""
+        while chunk := os.read(self.pipe.fileno(), 65536):
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(2, view) :]
+            self.truncated = self.truncated or _TRUNCATE_LINE in tail + chunk
+            tail = chunk[-len(_TRUNCATE_LINE) :]
+        self.pipe.close()
+
+
+def _run(plan: LaunchPlan, timeout: float | None, env: dict[str, str]) -> tuple[int, bool]:
+    """The job's status, and whether its error output held MPICH's truncation line."""
     shm_before = _shm_segments()
     # the pre-exec hook makes one system call (prctl) and takes no lock: safe with threads
     proc = subprocess.Popen(
         plan.argv,
         env=env,
+        stderr=subprocess.PIPE,
         start_new_session=True,
         preexec_fn=_ends_with_launcher(),  # noqa: PLW1509
     )
+    errors = _ErrorOutput(proc.stderr)
+    errors.start()
     stopped: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -386,13 +415,15 @@ def _run(plan: LaunchPlan, timeout: float | None, env: dict[str, str]) -> int:
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                return proc.wait(timeout=remaining)
+                status = proc.wait(timeout=remaining)
+                errors.join(timeout=5.0)  # the rest of its output (a stray may hold it open)
+                return status, errors.truncated
             except subprocess.TimeoutExpired:
                 sys.stderr.write(
                     f"hpcpar launch: the job ran past --timeout {timeout:g} s; killing it\n"
                 )
                 _kill_group(proc)
-                return TIMEOUT_EXIT
+                return TIMEOUT_EXIT, False
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -10,22 +10,23 @@ trials of the changes MPI cannot see (swaps, dtypes, ops) are in
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from launching import clean_env, hpcpar
+from perturbed_job import CALLS
 
 pytestmark = pytest.mark.slow
 
 JOB = str(Path(__file__).parents[1] / "helpers" / "perturbed_job.py")
-CALLS = 300  # perturbed_job.CALLS
 WATCHDOG = "4"  # seconds: a changed root can leave ranks waiting for each other
 
 
 def _trial(ranks, seed, kind, at, victim, algorithm, **env):
     options = ["-n", str(ranks), "--timeout", "60", "--watchdog", WATCHDOG]
-    command = ["python", JOB, str(seed), kind, str(at), str(victim), algorithm]
+    command = [sys.executable, JOB, str(seed), kind, str(at), str(victim), algorithm]
     job = hpcpar("launch", *options, "--", *command, env=clean_env(**env), timeout=90)
     text = job.stdout + job.stderr
     wrong = [int(i) for i in re.findall(r"WRONG #(\d+)", text)]
