@@ -97,17 +97,25 @@ def oversubscription_env(vendor: str, ranks: int, cores: int) -> dict[str, str]:
     return env
 
 
-def rank_command(command: Sequence[str], known_commands: Collection[str]) -> list[str]:
+def rank_command(
+    command: Sequence[str], known_commands: Collection[str], intercept: bool = False
+) -> list[str]:
     """What every rank runs: an hpcpar subcommand, a script under the abort runner, a program.
 
+    ``intercept``: run a Python program under ``python -m hpcpar.intercept`` (its mpi4py
+    buffer collectives go through hpcpar).
+
     Raises:
-        LaunchError: nothing to run, a missing script, or an unknown program.
+        LaunchError: nothing to run, a missing script, an unknown program, or
+            ``intercept`` with something that is not a Python program.
     """
     if not command:
         raise LaunchError(
             "launch: nothing to run; give a command after --, e.g. 'hpcpar launch -n 4 -- demo'"
         )
     head, rest = command[0], list(command[1:])
+    if intercept:
+        return _intercepted(head, rest)
     if head in known_commands:
         return [sys.executable, "-m", "hpcpar", head, *rest]
     if head.endswith(".py"):
@@ -119,6 +127,20 @@ def rank_command(command: Sequence[str], known_commands: Collection[str]) -> lis
     if shutil.which(head) is None:
         raise LaunchError(f"launch: command not found: {head}")
     return [head, *rest]
+
+
+def _intercepted(head: str, rest: list[str]) -> list[str]:
+    runner = [sys.executable, "-m", "hpcpar.intercept"]
+    if head.endswith(".py"):
+        if not os.path.isfile(head):
+            raise LaunchError(f"launch: script not found: {head}")
+        return [*runner, head, *rest]
+    if head in _PYTHON_NAMES and rest and (rest[0] in ("-m", "-c") or rest[0].endswith(".py")):
+        return [*runner, *rest]
+    raise LaunchError(
+        "launch: --intercept runs a Python program: give script.py, python -m MODULE "
+        f"or python -c CODE after --, not {head!r}"
+    )
 
 
 RANKS_PER_CORE = 8  # mpiexec on this host: more ranks per core only with oversubscribe
@@ -135,6 +157,7 @@ def plan_launch(
     mpi: MPIInstallation | None = None,
     cores: int | None = None,
     oversubscribe: bool = False,
+    intercept: bool = False,
 ) -> LaunchPlan:
     """Work out how to start ``command`` on ``ranks`` ranks.
 
@@ -150,6 +173,7 @@ def plan_launch(
         mpi: The MPI installation (found with ``find_mpi`` by default).
         cores: Cores available (this process's affinity by default).
         oversubscribe: Allow mpiexec more than ``RANKS_PER_CORE`` ranks per core here.
+        intercept: Run a Python program with its mpi4py collectives through hpcpar.
 
     Returns:
         The plan.
@@ -163,7 +187,7 @@ def plan_launch(
         raise LaunchError(f"launch: -n must be at least 1, not {ranks}")
     if layout:
         node_assignment(layout, ranks)  # a bad layout fails here, before any rank starts
-    rank_argv = rank_command(command, known_commands)
+    rank_argv = rank_command(command, known_commands, intercept)
     mpi = mpi or find_mpi()
     cores = cores or usable_cores()
     if launcher == "auto":

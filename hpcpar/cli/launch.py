@@ -17,7 +17,10 @@ __all__: list[str] = []
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "hpcpar launch -n N [--layout L] [--timeout S] [--dry-run] -- COMMAND [ARGS...]"
+    parser.usage = (
+        "hpcpar launch -n N [--layout L] [--timeout S] [--intercept] [--dry-run] "
+        "-- COMMAND [ARGS...]"
+    )
     parser.epilog = (
         "COMMAND is an hpcpar subcommand (demo, info, bench ...), a script.py, or any program. "
         "Environment: HPCPAR_MPIEXEC picks the mpiexec, HPCPAR_LAUNCHER the launcher, "
@@ -48,6 +51,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="report a rank waiting in one call for more than S seconds, with every rank's "
         "state, and end the job with status 4 (sets HPCPAR_WATCHDOG; "
         "HPCPAR_WATCHDOG_ACTION=report only reports)",
+    )
+    parser.add_argument(
+        "--intercept",
+        action="store_true",
+        help="run a Python program that calls mpi4py with its buffer collectives going "
+        "through hpcpar (python -m hpcpar.intercept; docs/intercept.md)",
+    )
+    parser.add_argument(
+        "--explain-calls",
+        action="store_true",
+        help="with --intercept: at exit, rank 0 prints which calls went to hpcpar and "
+        "which to the MPI library, and why (sets HPCPAR_INTERCEPT_REPORT=-)",
     )
     parser.add_argument(
         "--launcher",
@@ -99,7 +114,12 @@ def _run(_comm: Any, args: argparse.Namespace) -> int:
         launcher=args.launcher,
         known_commands=commands().keys(),
         oversubscribe=args.oversubscribe,
+        intercept=args.intercept,
     )
+    if args.explain_calls:
+        if not args.intercept:
+            raise UsageError("launch: --explain-calls needs --intercept")
+        plan.env["HPCPAR_INTERCEPT_REPORT"] = "-"
     if args.watchdog is not None:
         plan.env["HPCPAR_WATCHDOG"] = f"{args.watchdog:g}"
     check_watchdog_settings({**os.environ, **plan.env})

@@ -203,6 +203,25 @@ TABLE: tuple[Setting, ...] = (
         ("abort", "report"),
     ),
     Setting(
+        "HPCPAR_INTERCEPT_SKIP",
+        "text",
+        None,
+        START,
+        True,
+        "collectives an intercepted program leaves to the MPI library, e.g. "
+        "`Allreduce,Bcast` ([Existing mpi4py programs](intercept.md))",
+    ),
+    Setting(
+        "HPCPAR_INTERCEPT_REPORT",
+        "path",
+        None,
+        START,
+        False,
+        "`-`: at exit rank 0 of an intercepted program prints which calls went to hpcpar "
+        "and which to the MPI library, and why; a folder: every rank writes "
+        "`intercept<R>.json` there",
+    ),
+    Setting(
         "HPCPAR_TRACE",
         "path",
         None,

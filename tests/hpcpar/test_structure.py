@@ -113,6 +113,7 @@ LAYERS = [
             "hpcpar.cli",
             "hpcpar.bench",
             "hpcpar.launcher",
+            "hpcpar.intercept",
             "hpcpar.run",
             "hpcpar.vcluster",
             "hpcpar.plugins",
