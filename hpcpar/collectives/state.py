@@ -141,12 +141,15 @@ def _delete(comm: Any, keyval: int, value: Any) -> None:
         state.free()
 
 
-def fast_state(comm: Any, layout: bytes | None = None) -> CommState | None:
+def fast_state(comm: Any, layout: bytes | None = None) -> CommState | None:  # noqa: PLR0911
     """The state of ``comm`` if it exists already (no collective call), else None.
 
     ``layout``: ``HPCPAR_LAYOUT`` as the caller read it raw (``b""`` when unset), or
-    None to read it here.
+    None to read it here. ``comm`` may be the state itself, which a caller that keeps
+    it (an intercepted communicator) passes to save the attribute lookup.
     """
+    if type(comm) is CommState:
+        return comm  # type: ignore[no-any-return]
     if comm is None:
         if _DEFAULT is None:
             return None

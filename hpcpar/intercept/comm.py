@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..collectives.fastpath import fast_allreduce
+from ..collectives.state import fast_state
 from . import record
 from .calls import Call, prepare
 from .message import IN_PLACE, Passthrough
@@ -126,17 +127,20 @@ class _Intercepted:
         )
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
-        # numpy arrays that the library's call takes as they are: hpcpar's fast path
+        # numpy arrays that the library's call takes as they are: hpcpar's fast path,
+        # given the communicator's state itself (kept here after the first call)
         if type(recvbuf) is _NDARRAY and "Allreduce" not in _SKIP:
             x = recvbuf if sendbuf is IN_PLACE else sendbuf
             if type(x) is _NDARRAY and x.shape == recvbuf.shape:
                 try:
-                    plain = self._hpcpar_plain
+                    state = self._hpcpar_state
                 except AttributeError:
-                    plain = _plain(self)
-                if fast_allreduce(x, op, recvbuf, plain, "auto") is not None:
+                    state = self._hpcpar_state = fast_state(_plain(self))
+                if state is not None and fast_allreduce(x, op, recvbuf, state, "auto") is not None:
                     _COUNTS[_FAST_KEY] += 1
                     return
+                if state is None:  # made by the general path below
+                    del self._hpcpar_state
         _blocking(
             self,
             "Allreduce",
@@ -376,6 +380,7 @@ class _Intercepted:
     def Free(self) -> None:
         _BASE.Free(self)  # type: ignore[arg-type]
         self.__dict__.pop("_hpcpar_plain", None)
+        self.__dict__.pop("_hpcpar_state", None)
 
 
 class Intracomm(_Intercepted, MPI.Intracomm):

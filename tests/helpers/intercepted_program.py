@@ -1,0 +1,31 @@
+"""An mpi4py program that knows nothing of hpcpar, for the whole-job interception tests.
+
+Every rank checks its results against numpy and prints ``ok <rank>``. With ``mismatch``
+as its argument, rank 0 passes one element fewer to an allreduce than the others.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+x = np.arange(6, dtype=np.float64) + rank
+y = np.empty_like(x)
+for _ in range(3):
+    comm.Allreduce(x, y, op=MPI.SUM)
+assert np.allclose(y, 6 * 0 + np.arange(6) * size + size * (size - 1) / 2)
+half = comm.Split(rank % 2, rank)
+b = np.full(4, half.Get_rank(), dtype=np.int32)
+half.Bcast(b, root=0)
+assert (b == 0).all()
+req = comm.Iallreduce(MPI.IN_PLACE, y, op=MPI.MAX)
+MPI.Request.Waitall([req])
+if len(sys.argv) > 1 and sys.argv[1] == "mismatch":
+    n = 5 if rank == 0 else 6
+    for _ in range(200):
+        comm.Allreduce(np.ones(n), np.empty(n))
+print(f"ok {rank}", flush=True)
