@@ -8,8 +8,26 @@ from __future__ import annotations
 
 import runpy
 import sys
+from collections.abc import Callable
 
-__all__ = ["main"]
+__all__ = ["main", "set_up_or_exit"]
+
+
+def set_up_or_exit(step: Callable[[], object]) -> None:
+    """Run ``step``, a set-up every rank makes; a bad setting ends every rank with 2.
+
+    The error is the same on every rank (settings agree), so rank 0 alone prints it.
+    """
+    from .errors import HpcparError
+
+    try:
+        step()
+    except HpcparError as exc:
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            sys.stderr.write(f"hpcpar: error: {exc}\n")
+        raise SystemExit(2) from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,17 +41,9 @@ def main(argv: list[str] | None = None) -> None:
 
     install_excepthook()
     if settings.is_set("HPCPAR_WATCHDOG"):  # the watchdog watches scripts that use mpi4py only
-        from .errors import HpcparError
         from .runtime.comm import default_comm
 
-        try:
-            default_comm()
-        except HpcparError as exc:  # a bad setting: the same on every rank
-            from mpi4py import MPI
-
-            if MPI.COMM_WORLD.Get_rank() == 0:
-                sys.stderr.write(f"hpcpar: error: {exc}\n")
-            raise SystemExit(2) from None
+        set_up_or_exit(default_comm)
     sys.argv = list(args)
     runpy.run_path(args[0], run_name="__main__")
 

@@ -52,20 +52,12 @@ def main(argv: list[str] | None = None) -> None:
         import os
 
         os.environ["HPCPAR_INTERCEPT_REPORT"] = "-"
-    from ..errors import HpcparError
+    from ..run import set_up_or_exit
     from ..runtime.abort import install_excepthook
-
-    install_excepthook()
     from . import install
 
-    try:
-        install()
-    except HpcparError as exc:  # a bad setting: the same on every rank
-        from mpi4py import MPI
-
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            sys.stderr.write(f"hpcpar: error: {exc}\n")
-        raise SystemExit(2) from None
+    install_excepthook()
+    set_up_or_exit(install)
     if args[0] == "-m":
         sys.argv = [args[1], *args[2:]]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
