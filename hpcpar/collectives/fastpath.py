@@ -28,7 +28,7 @@ from .registry import LIBRARY
 from .select import choose
 from .state import FastDecision, fast_state
 
-__all__ = ["fast_allreduce"]
+__all__ = ["fast_allreduce", "decided_allreduce"]
 
 _RAW = RAW_ENVIRON
 _OFF = (b"", *(word.encode() for word in FALSE_WORDS))  # else the general path (on, or a typo)
@@ -121,6 +121,51 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
         raise explain_mpi_error(exc, "allreduce") from None
     HOT.last_call = ("allreduce", x.nbytes)  # note_library_call, inlined
     return out
+
+
+def decided_allreduce(state: Any, send: np.ndarray, recv: np.ndarray, op: Any) -> bool:
+    """The library's Allreduce, where ``fast_allreduce`` already decided it for such calls.
+
+    For callers whose arguments reach the library as they are (an intercepted mpi4py
+    call: the library then checks the buffers and raises its own errors, so the array
+    checks of ``fast_allreduce`` are left out). ``state``: the communicator's state.
+    Returns False, having done nothing, when there is no decision for this size, dtype,
+    op and the variables it depends on, or it is not the library's call; the caller
+    then takes ``fast_allreduce`` or the general path, which make the decision.
+    """
+    if _RAW is None:
+        return False
+    if ADOPTED:
+        progress_adopted()
+    get = _RAW.get
+    flag = get(_CHECK)
+    if flag is not None and flag.strip().lower() not in _OFF:
+        return False
+    flag = get(_AUTOTUNE)
+    if flag is not None and flag.strip().lower() not in _OFF:
+        return False
+    decided = state.fast_auto.get(
+        (recv.nbytes, recv.dtype, id(op), get(_ALGORITHM), get(_RULES), get(_PROFILE))
+    )
+    if decided is None or decided.op is not op or decided.mpi_op is None:
+        return False
+    if send is not recv and (send.dtype is not recv.dtype or send.nbytes != recv.nbytes):
+        return False
+    if HOT.recording and HOT.last_key is not decided:
+        fast_entry(decided, state, "allreduce", recv, op)
+    seq = state._sequence = state._sequence + 1
+    if HOT.guard:
+        if state.guard_run is not decided:
+            state.fold_guard_run(seq - 1)
+            state.guard_run, state.guard_run_from = decided, seq
+        if seq >= state.guard_next:
+            verify(state, "allreduce")
+    try:
+        state.private.Allreduce(_IN_PLACE if send is recv else send, recv, decided.mpi_op)
+    except MPI.Exception as exc:
+        raise explain_mpi_error(exc, "allreduce") from None
+    HOT.last_call = ("allreduce", recv.nbytes)
+    return True
 
 
 def _signature(x: np.ndarray, op: Any) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..collectives.fastpath import fast_allreduce
+from ..collectives.fastpath import decided_allreduce, fast_allreduce
 from ..collectives.state import fast_state
 from . import record
 from .calls import Call, prepare
@@ -33,8 +33,7 @@ __all__ = ["Intracomm", "Cartcomm", "Graphcomm", "Distgraphcomm", "wrap", "confi
 
 _SKIP: frozenset[str] = frozenset()
 _NONBLOCKING = True
-_COUNTS = record.COUNTS
-_FAST_KEY = ("Allreduce", "hpcpar", "")
+_FAST = record.FAST_ALLREDUCE
 _SUM = MPI.SUM
 _NDARRAY = np.ndarray
 _BASE = MPI.Intracomm
@@ -127,19 +126,23 @@ class _Intercepted:
         )
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
-        # numpy arrays that the library's call takes as they are: hpcpar's fast path,
-        # given the communicator's state itself (kept here after the first call)
-        if type(recvbuf) is _NDARRAY and "Allreduce" not in _SKIP:
+        # numpy arrays: the library's call where hpcpar decided so for such calls before
+        # (decided_allreduce), else hpcpar's fast path, given the communicator's state
+        if type(recvbuf) is _NDARRAY:
             x = recvbuf if sendbuf is IN_PLACE else sendbuf
-            if type(x) is _NDARRAY and x.shape == recvbuf.shape:
+            if type(x) is _NDARRAY and "Allreduce" not in _SKIP:
                 try:
                     state = self._hpcpar_state
                 except AttributeError:
                     state = self._hpcpar_state = fast_state(_plain(self))
-                if state is not None and fast_allreduce(x, op, recvbuf, state, "auto") is not None:
-                    _COUNTS[_FAST_KEY] += 1
-                    return
-                if state is None:  # made by the general path below
+                if state is not None:
+                    if decided_allreduce(state, x, recvbuf, op):
+                        _FAST[0] += 1
+                        return
+                    if fast_allreduce(x, op, recvbuf, state, "auto") is not None:
+                        _FAST[0] += 1
+                        return
+                else:  # made by the general path below
                     del self._hpcpar_state
         _blocking(
             self,
