@@ -1,12 +1,15 @@
 """An mpi4py program that knows nothing of hpcpar, for the whole-job interception tests.
 
 Every rank checks its results against numpy and prints ``ok <rank>``. With ``mismatch``
-as its argument, rank 0 passes one element fewer to an allreduce than the others.
+as its argument, rank 0 passes one element fewer to an allreduce than the others; with
+``threads``, three threads make blocking and nonblocking calls at once, each on its own
+communicator (as ``MPI_THREAD_MULTIPLE`` allows).
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 
 import numpy as np
 from mpi4py import MPI
@@ -28,4 +31,28 @@ if len(sys.argv) > 1 and sys.argv[1] == "mismatch":
     n = 5 if rank == 0 else 6
     for _ in range(200):
         comm.Allreduce(np.ones(n), np.empty(n))
+if len(sys.argv) > 1 and sys.argv[1] == "threads":
+    comms = [comm.Dup() for _ in range(3)]
+    wrong: list[object] = []
+
+    def work(k: int) -> None:
+        try:
+            for i in range(150):
+                x = np.full(1 + (i * 7 + k) % 3000, rank + k, dtype=np.float64)
+                got = np.empty_like(x)
+                if i % 2:
+                    comms[k].Iallreduce(x, got).Wait()
+                else:
+                    comms[k].Allreduce(x, got)
+                if not np.allclose(got, sum(r + k for r in range(size))):
+                    wrong.append((k, i))
+        except Exception as exc:  # reported below, on this rank
+            wrong.append(repr(exc))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, wrong
 print(f"ok {rank}", flush=True)

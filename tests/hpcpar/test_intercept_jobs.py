@@ -64,3 +64,10 @@ def test_ranks_that_disagree_get_the_guards_error_not_a_hang():
     assert job.returncode != 0, text
     assert "CollectiveMismatchError" in text, text
     assert "Traceback" not in text
+
+
+@pytest.mark.timeout(300)
+def test_threads_on_their_own_communicators():
+    job = _job("--intercept", "--", PROGRAM, "threads", timeout=240)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert sorted(int(r) for r in re.findall(r"ok (\d+)", job.stdout)) == [0, 1]
