@@ -23,7 +23,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ..collectives.fastpath import decided_allreduce, fast_allreduce
+from ..collectives.registry import LIBRARY
 from ..collectives.state import fast_state
+from ..runtime.switches import HOT
 from . import record
 from .calls import Call, prepare
 from .message import IN_PLACE, Passthrough
@@ -69,8 +71,9 @@ def _blocking(comm: Any, name: str, args: tuple[Any, ...], library: Callable[[],
         call = None
     if call is None:  # outside the except: the library's own error comes without ours
         return library()
-    record.note(name, "hpcpar")
     call.run()
+    last = HOT.last_call  # what ran: the library's call (a tuple) or hpcpar's stats
+    record.note(name, "hpcpar", "ran " + (LIBRARY if type(last) is tuple else last.algorithm))
     return None
 
 
@@ -95,7 +98,7 @@ def _route(comm: Any, shown: str, name: str, args: tuple[Any, ...]) -> Call | No
     except Passthrough as why:
         record.note(shown, "library", str(why))
         return None
-    record.note(shown, "hpcpar")
+    record.note(shown, "hpcpar", "nonblocking")
     return call
 
 

@@ -1,10 +1,12 @@
 """Which intercepted calls went where, and why: counted per rank, reported at exit.
 
 Every intercepted call adds one to ``(call, route, reason)``: route ``hpcpar`` (hpcpar's
-collectives ran it; the algorithm is in the flight record and ``HPCPAR_TRACE``) or
-``library`` (passed to the MPI library unchanged; the reason names what hpcpar left to
-it). ``HPCPAR_INTERCEPT_REPORT`` says what happens at exit: ``-`` prints rank 0's table
-to standard error, a folder gets every rank's counts as ``intercept<R>.json``.
+collectives ran it; the reason names the algorithm that ran a blocking call, ``mpi``
+being the library's own call chosen by the cost model; a nonblocking call's algorithm
+is in the flight record and ``HPCPAR_TRACE``) or ``library`` (passed to the MPI library
+unchanged; the reason names what hpcpar left to it). ``HPCPAR_INTERCEPT_REPORT`` says
+what happens at exit: ``-`` prints rank 0's table to standard error, a folder gets
+every rank's counts as ``intercept<R>.json``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def counts() -> Counter[tuple[str, str, str]]:
     """Every intercepted call so far, by ``(call, route, reason)``."""
     merged = Counter(COUNTS)
     if FAST_ALLREDUCE[0]:
-        merged[("Allreduce", "hpcpar", "")] += FAST_ALLREDUCE[0]
+        merged[("Allreduce", "hpcpar", "ran mpi (fast path)")] += FAST_ALLREDUCE[0]
     return merged
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,10 @@ def test_an_unchanged_program_runs_through_hpcpar(ranks, tmp_path):
     assert sorted(int(r) for r in re.findall(r"ok (\d+)", job.stdout)) == list(range(ranks))
     for rank in range(ranks):
         calls = json.loads((report / f"intercept{rank}.json").read_text())["calls"]
-        carried = {c["call"]: c["count"] for c in calls if c["route"] == "hpcpar"}
+        carried: Counter[str] = Counter()
+        for c in calls:
+            if c["route"] == "hpcpar":
+                carried[c["call"]] += c["count"]
         assert carried.get("Allreduce") == 3 and carried.get("Bcast") == 1, calls
         assert carried.get("Iallreduce") == 1, calls
 
