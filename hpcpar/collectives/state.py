@@ -65,9 +65,13 @@ class CommState:
             raise
         global _MADE
         _MADE += 1
-        self.label = ("world" if self.private is default_comm() else f"comm{_MADE}") + (
-            f" ({layout})" if layout else ""
-        )  # names the communicator in the flight record; the same on every rank
+        if self.private is default_comm():
+            label = "world"
+        else:  # the predefined ones by their MPI names (an intercepted program's world)
+            name = comm.Get_name()
+            label = name if name in ("MPI_COMM_WORLD", "MPI_COMM_SELF") else f"comm{_MADE}"
+        # names the communicator in the flight record; the same on every rank
+        self.label = label + (f" ({layout})" if layout else "")
         self.hierarchy = Hierarchy(self.private, layout=layout)
         h = self.hierarchy
         self.size = self.private.Get_size()
