@@ -18,7 +18,20 @@ from mpi4py import MPI
 
 from .. import collectives as hc
 from ..collectives.mpi_library import native_mpi_op
-from .message import IN_PLACE, Passthrough, Vector, message, pair, vector
+from ..collectives.registry import LIBRARY
+from ..collectives.select import choose
+from ..collectives.state import state_for
+from .message import (
+    IN_PLACE,
+    Derived,
+    Passthrough,
+    Vector,
+    derived,
+    is_derived,
+    message,
+    pair,
+    vector,
+)
 
 __all__ = ["Call", "prepare", "reduction"]
 
@@ -125,11 +138,32 @@ def _barrier(plain: Any) -> Call:
 def _bcast(plain: Any, buf: Any, root: int) -> Call:
     root = _root(plain, root)
     at_root = plain.Get_rank() == root
+    if is_derived(buf):
+        return _bcast_derived(plain, derived(buf, writable=not at_root), root, at_root)
     data = message(buf, writable=not at_root)
     out = None if at_root else data
     return Call(
         lambda: hc.bcast(data, root, out=out, comm=plain),
         lambda: hc.ibcast(data, root, out=out, comm=plain),
+    )
+
+
+def _bcast_derived(plain: Any, msg: Derived, root: int, at_root: bool) -> Call:
+    """A derived datatype's bytes broadcast by hpcpar, where it runs another algorithm.
+
+    Packing costs a copy on every rank; it pays off only where the cost model chooses
+    an algorithm other than the library's call for the packed size, so elsewhere the
+    call goes to the library with its datatype.
+    """
+    nbytes = msg.nbytes
+    chosen, _ = choose("bcast", "auto", None, state_for(plain), nbytes, 1)
+    if chosen.name == LIBRARY:
+        raise Passthrough("derived datatype: the library's call at this size")
+    packed = msg.pack() if at_root else np.empty(nbytes, dtype=np.uint8)
+    return Call(
+        lambda: hc.bcast(packed, root, out=packed, comm=plain),
+        lambda: hc.ibcast(packed, root, out=packed, comm=plain),
+        None if at_root else lambda: msg.unpack(packed),
     )
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import to_numpy_dtype
 
-__all__ = ["Passthrough", "Vector", "message", "vector", "pair"]
+__all__ = ["Derived", "Passthrough", "Vector", "derived", "is_derived", "message", "pair", "vector"]
 
 IN_PLACE = MPI.IN_PLACE
 _types: dict[Any, np.dtype | None] = {}
@@ -155,6 +155,75 @@ def _elements(raw: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if raw.nbytes % dtype.itemsize:
         raise Passthrough("a buffer that is not a whole number of elements")
     return raw.view(dtype)
+
+
+def is_derived(spec: Any) -> bool:
+    """Whether a simple message names a derived datatype (``[buf, count, TYPE]``...)."""
+    if not isinstance(spec, (list, tuple)) or len(spec) < 2:
+        return False
+    datatype = spec[-1]
+    return (
+        isinstance(datatype, MPI.Datatype)
+        and datatype != MPI.DATATYPE_NULL
+        and datatype.combiner != MPI.COMBINER_NAMED
+    )
+
+
+class Derived:
+    """A message of a derived datatype: its buffer's bytes and the datatype's plan."""
+
+    __slots__ = ("count", "origin", "plan", "raw")
+
+    def __init__(self, raw: np.ndarray, plan: Any, count: int, origin: int) -> None:
+        self.raw, self.plan, self.count, self.origin = raw, plan, count, origin
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the message packs to."""
+        return int(self.count * self.plan.nbytes)
+
+    def pack(self) -> np.ndarray:
+        """The message's elements packed into contiguous bytes."""
+        return self.plan.pack(self.raw, count=self.count, origin=self.origin)
+
+    def unpack(self, packed: np.ndarray) -> None:
+        """Put packed bytes back where the datatype places them."""
+        self.plan.unpack(packed, self.raw, count=self.count, origin=self.origin)
+
+
+def derived(spec: Any, *, writable: bool, blocks: int = 1) -> Derived:
+    """A message of a derived datatype as its bytes and plan (``hpcpar.datatypes``).
+
+    The count is read as ``message`` reads it; a datatype with a negative lower bound,
+    or one that does not fit the buffer, is left to the library.
+    """
+    from ..datatypes import DatatypeError, plan
+
+    buf, count, displ, datatype = _split(spec)
+    lower, extent = datatype.Get_extent()
+    if lower < 0 or extent <= 0:
+        raise Passthrough("a derived datatype with a negative lower bound")
+    raw, _ = _memory(buf, writable, np.dtype(np.uint8))
+    origin = (displ or 0) * extent
+    if count is None:
+        entries, rest = divmod(raw.nbytes - origin, extent)
+        if rest or entries % blocks:
+            raise Passthrough("a buffer that is not a whole number of blocks")
+        count = entries // blocks
+    total = count * blocks
+    if count < 0 or (
+        total
+        and origin
+        + (total - 1) * extent
+        + datatype.Get_true_extent()[0]
+        + datatype.Get_true_extent()[1]
+        > raw.nbytes
+    ):
+        raise Passthrough("a count beyond the buffer")
+    try:
+        return Derived(raw, plan(datatype), total, origin)
+    except DatatypeError as why:
+        raise Passthrough(f"datatype: {why}") from None
 
 
 class Vector:

@@ -329,3 +329,27 @@ def test_message_reader_matches_mpi4py_forms():
     finally:
         pairs.Free()
     assert prepare("Barrier", MPI.COMM_SELF, ()) is not None
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "binomial"])
+def test_bcast_of_a_derived_datatype_packed_where_hpcpar_runs_it(pair, monkeypatch, algorithm):
+    """Packed with the datatype's plan when the model picks hpcpar's algorithm, else the
+    library's call with the datatype: the same bytes land either way."""
+    icomm, plain = pair
+    r = plain.Get_rank()
+    if algorithm != "auto":
+        monkeypatch.setenv("HPCPAR_ALGORITHM_BCAST", algorithm)
+    vec = MPI.DOUBLE.Create_vector(300, 2, 3).Commit()
+    extent = vec.Get_extent()[1] // 8
+    try:
+        for count in (1, 4):
+            source = np.arange(extent * count + 1, dtype=np.float64)
+            got = source.copy() if r == 0 else np.full_like(source, -1.0)
+            want = source.copy() if r == 0 else np.full_like(source, -1.0)
+            before = _carried("Bcast")
+            icomm.Bcast([got, count, vec], root=0)
+            MPI.Intracomm.Bcast(plain, [want, count, vec], root=0)  # the library's
+            _same(got, want, plain, f"Bcast of {count} vector(s), {algorithm}")
+            assert (_carried("Bcast") > before) == (algorithm != "auto")
+    finally:
+        vec.Free()
