@@ -20,8 +20,12 @@ from .harness import Variant, format_header, format_row, sweep
 __all__ = ["Gather", "cases", "small_cases", "measure_case", "traffic_of", "lines_read", "LINE"]
 
 
-def cases(n: int) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
-    """Every case for an N^3 array: ``(name, make)`` pairs (see the module docstring)."""
+def cases(n: int, large: int = 16 << 20) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
+    """Every case for an N^3 array: ``(name, make)`` pairs (see the module docstring).
+
+    ``large``: bytes each vector case packs; the largest indexed case has
+    ``large / 128`` blocks (131,072 at the default 16 MiB).
+    """
     from mpi4py import MPI
 
     def face(name: str, slicer: Any, sizes: list[int], subsizes: list[int]) -> tuple[str, Any]:
@@ -47,7 +51,7 @@ def cases(n: int) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
     for block in (8, 64, 512, 4096, 65536):
 
         def vector(block: int = block) -> tuple[np.ndarray, Any]:
-            count = max(1, (16 << 20) // block)
+            count = max(1, large // block)
             raw = np.random.default_rng(0).integers(0, 255, 2 * block * count, dtype=np.uint8)
             view = raw.reshape(count, 2 * block)[:, :block]
             dt = MPI.BYTE.Create_vector(count, block, 2 * block).Commit()
@@ -69,7 +73,7 @@ def cases(n: int) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
         return data, (data, every)
 
     out.append(("struct (i1, f8, 3 x i2; padded to 24 B)", struct))
-    for blocks, width in ((4096, 8), (4096, 64), (1 << 17, 8)):
+    for blocks, width in ((4096, 8), (4096, 64), (max(4096, large // 128), 8)):
 
         def scattered(blocks: int = blocks, width: int = width) -> tuple[np.ndarray, Any]:
             rng = np.random.default_rng(0)

@@ -56,6 +56,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="edge of the N^3 float64 array (default 128)",
     )
     parser.add_argument(
+        "--large",
+        default="16MiB",
+        metavar="SIZE",
+        help="bytes each vector case packs; the largest indexed case has SIZE/128 blocks "
+        "(default 16MiB)",
+    )
+    parser.add_argument(
         "--no-roof", action="store_true", help="skip the 2 GiB copy-roof measurement"
     )
     parser.add_argument(
@@ -215,7 +222,7 @@ def _halo_variants(comm: Any, n: int) -> list[Variant]:
     return [Variant("hpcpar-halo", ours), Variant("pack+Sendrecv", handwritten)]
 
 
-def _send_cases(n: int) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
+def _send_cases(n: int, large: int) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]]:
     """Faces and interior of the N^3 array, 16 MB of 8 and 64 B blocks, the small vector."""
     names = (
         "x face",
@@ -226,7 +233,7 @@ def _send_cases(n: int) -> list[tuple[str, Callable[[], tuple[np.ndarray, Any]]]
         "vector of 64 B",
         "small: 8 doubles",
     )
-    return [c for c in cases(n) if c[0].startswith(names)]
+    return [c for c in cases(n, large) if c[0].startswith(names)]
 
 
 def _send_variants(comm: Any, whole: np.ndarray, view: np.ndarray, dt: Any) -> list[Variant]:
@@ -310,9 +317,14 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     from ..datatypes import plan
     from ..errors import UsageError
     from ..runtime.results import mpi_library
+    from ..runtime.units import parse_size
 
     if args.n < 4:
         raise UsageError(f"bench datatypes: --n must be at least 4, not {args.n}")
+    if isinstance(args.large, str):
+        args.large = parse_size(args.large)
+    if args.large < 4096:
+        raise UsageError(f"bench datatypes: --large must be at least 4KiB, not {args.large} B")
     if args.gpu:
         from ..datatypes.gpu import gpu_available
 
@@ -328,7 +340,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         for threads, rate in _roof():
             say(f"# copy roof: np.copyto, 2 GiB working set, {threads} thread(s): {rate:.2f} GB/s")
     results = []
-    for name, make in cases(args.n):
+    for name, make in cases(args.n, args.large):
         whole, (view, dt) = make()
         variants = _variants(comm, whole, view, dt)
         traffic = traffic_of(plan(dt), whole.reshape(-1).view(np.uint8))
@@ -345,7 +357,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
         size = 6 * args.n * args.n * 8
         variants = _halo_variants(comm, args.n)
         results += measure_case(comm, args, say, (title, "halo"), variants, size, "pack+Sendrecv")
-        for name, make in _send_cases(args.n):
+        for name, make in _send_cases(args.n, args.large):
             whole, (view, dt) = make()
             title = f"send round trip, ranks 2k <-> 2k+1: {name} (peer: mpi-datatype)"
             variants = _send_variants(comm, whole, view, dt)

@@ -159,7 +159,9 @@ def gpu_cases(comm: Any, args: argparse.Namespace, say: Callable[..., Any]) -> l
         results += measure_case(
             comm, args, say, case, variants, index(whole).nbytes, "cupy-contiguous"
         )
-    for name, make in cases(args.n):  # the smallest irregular case (the kernel: one launch)
+    for name, make in cases(
+        args.n, args.large
+    ):  # the smallest irregular case (the kernel: one launch)
         if name.startswith("indexed: 4096 blocks of 8 B"):
             raw, (gather, dt) = make()
             variants = _gpu_irregular_variants(raw, gather, dt)

@@ -131,6 +131,8 @@ def test_datatypes_benchmark_end_to_end(comm, tmp_path, capsys):
         "datatypes",
         "--n",
         "8",
+        "--large",
+        "1MiB",
         "--no-roof",
         "--repeats",
         "1",

@@ -69,6 +69,8 @@ def test_gpu_datatype_benchmark_runs_on_the_standin(tmp_path):
         "--gpu",
         "--n",
         "8",
+        "--large",
+        "1MiB",
         "--no-roof",
         "--repeats",
         "1",
