@@ -34,12 +34,14 @@ MODULES = (
 )
 
 
-def _run(folder: Path, ranks: int, intercept: bool, report: str) -> tuple[str, float, str]:
+def _run(
+    folder: Path, ranks: int, intercept: bool, report: str, modules: list[str]
+) -> tuple[str, float, str]:
     command = [sys.executable, "-m", "hpcpar", "launch", "-n", str(ranks), "--timeout", "900"]
     if intercept:
         command.append("--intercept")
     command += ["--", "runtests.py"]
-    for module in MODULES:
+    for module in modules:
         command += ["-i", module]
     env = dict(os.environ, HPCPAR_INTERCEPT_REPORT=report) if intercept else None
     start = time.monotonic()
@@ -59,6 +61,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="the test/ folder of mpi4py's sources")
     parser.add_argument("--ranks", default="1,2,3,4")
+    parser.add_argument(
+        "--modules", default=",".join(MODULES), help="test modules (default: the six above)"
+    )
     args = parser.parse_args()
     if not (args.folder / "runtests.py").is_file():
         sys.exit(f"mpi4py_tests.py: error: no runtests.py in {args.folder}")
@@ -67,8 +72,9 @@ def main() -> None:
     print("|---|---|---|---|")
     for ranks in (int(r) for r in args.ranks.split(",")):
         with tempfile.TemporaryDirectory() as report:
-            plain, t_plain, _ = _run(args.folder, ranks, False, report)
-            mine, t_mine, text = _run(args.folder, ranks, True, report)
+            modules = args.modules.split(",")
+            plain, t_plain, _ = _run(args.folder, ranks, False, report, modules)
+            mine, t_mine, text = _run(args.folder, ranks, True, report, modules)
             calls = json.loads((Path(report) / "intercept0.json").read_text())["calls"]
         ran = sum(c["count"] for c in calls if c["route"] == "hpcpar")
         passed = sum(c["count"] for c in calls if c["route"] == "library")
