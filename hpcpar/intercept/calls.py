@@ -66,19 +66,26 @@ class Call:
 def reduction(op: Any, dtype: np.dtype, datatype: Any) -> Any:
     """The ``op=`` hpcpar runs for an MPI op on ``dtype``.
 
-    The predefined ops hpcpar applies itself on the native types pass as they are; any
-    other op (a user op from ``MPI.Op.Create``, ``MINLOC``/``MAXLOC`` on pair types)
-    becomes a function that applies the library's own op with ``MPI_Reduce_local``, so
-    the result is the library's whatever the op.
+    A predefined op on a native integer, float or complex type that hpcpar applies
+    itself passes as it is. ``MINLOC``/``MAXLOC`` on a pair type and any user op (from
+    ``MPI.Op.Create``) become a function that applies the library's own op with
+    ``MPI_Reduce_local``, so the result is the library's whatever the op. Any other
+    combination (a predefined op on a type MPI does not define it for, ``REPLACE``) is
+    left to the library, which gives its own result or error.
     """
     if not isinstance(op, MPI.Op) or any(op == o for o in _NOT_REDUCTIONS):
         raise Passthrough("this op")
-    if dtype.fields is None and dtype.isnative:
-        try:
-            if native_mpi_op(op, dtype) is not None:
-                return op
-        except hc.CollectiveError:
-            pass
+    if op.is_predefined:
+        pair_op = op in (MPI.MINLOC, MPI.MAXLOC)
+        if pair_op != (dtype.fields is not None):
+            raise Passthrough(f"op {_op_name(op)} on this datatype")
+        if not pair_op:
+            try:
+                if dtype.isnative and native_mpi_op(op, dtype) is not None:
+                    return op
+            except hc.CollectiveError:
+                pass
+            raise Passthrough(f"op {_op_name(op)} on {dtype}")
     if datatype is None:
         raise Passthrough("an op hpcpar cannot apply without a datatype")
     key = (op.py2f(), datatype.py2f())
@@ -96,7 +103,20 @@ def reduction(op: Any, dtype: np.dtype, datatype: Any) -> Any:
 
 
 def _op_name(op: MPI.Op) -> str:
-    for name in ("MINLOC", "MAXLOC", "SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR"):
+    for name in (
+        "MINLOC",
+        "MAXLOC",
+        "SUM",
+        "PROD",
+        "MIN",
+        "MAX",
+        "LAND",
+        "LOR",
+        "LXOR",
+        "BAND",
+        "BOR",
+        "BXOR",
+    ):
         if op == getattr(MPI, name):
             return name
     return "user op"

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..collectives.errors import CollectiveError
 from ..collectives.fastpath import decided_allreduce, fast_allreduce
 from ..collectives.registry import LIBRARY
 from ..collectives.state import fast_state
@@ -142,9 +143,12 @@ class _Intercepted:
                     if decided_allreduce(state, x, recvbuf, op):
                         _FAST[0] += 1
                         return
-                    if fast_allreduce(x, op, recvbuf, state, "auto") is not None:
-                        _FAST[0] += 1
-                        return
+                    try:
+                        if fast_allreduce(x, op, recvbuf, state, "auto") is not None:
+                            _FAST[0] += 1
+                            return
+                    except CollectiveError:  # an op hpcpar refuses: the library decides
+                        pass
                 else:  # made by the general path below
                     del self._hpcpar_state
         _blocking(

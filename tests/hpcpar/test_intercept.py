@@ -300,6 +300,12 @@ def test_bad_arguments_raise_what_the_library_raises(pair):
         "types differ": lambda c: c.Allreduce([x, MPI.DOUBLE], [np.zeros(4, "i"), MPI.INT]),
         "root out of range": lambda c: c.Bcast(x, root=p + 3),
         "not a buffer": lambda c: c.Allreduce("text", x),
+        "MIN on complex": lambda c: c.Allreduce(x.astype(complex), np.zeros(4, complex), MPI.MIN),
+        "BAND on float": lambda c: c.Allreduce(x, np.zeros(4), op=MPI.BAND),
+        "SUM on bool": lambda c: c.Allreduce(np.ones(4, bool), np.zeros(4, bool)),
+        "MAXLOC on a plain type": lambda c: c.Allreduce(x, np.zeros(4), op=MPI.MAXLOC),
+        "REPLACE": lambda c: c.Allreduce(x, np.zeros(4), op=MPI.REPLACE),
+        "Reduce to a root below 0": lambda c: c.Reduce(x, np.zeros(4), root=-1),
     }
     for what, case in cases.items():
         mine = raised(lambda case=case: case(icomm))
