@@ -21,6 +21,7 @@ from ..collectives.mpi_library import native_mpi_op
 from ..collectives.registry import LIBRARY
 from ..collectives.select import choose
 from ..collectives.state import state_for
+from ..runtime.flight import mpi_op_name
 from .message import (
     IN_PLACE,
     Derived,
@@ -78,14 +79,14 @@ def reduction(op: Any, dtype: np.dtype, datatype: Any) -> Any:
     if op.is_predefined:
         pair_op = op in (MPI.MINLOC, MPI.MAXLOC)
         if pair_op != (dtype.fields is not None):
-            raise Passthrough(f"op {_op_name(op)} on this datatype")
+            raise Passthrough(f"op {mpi_op_name(op)} on this datatype")
         if not pair_op:
             try:
                 if dtype.isnative and native_mpi_op(op, dtype) is not None:
                     return op
             except hc.CollectiveError:
                 pass
-            raise Passthrough(f"op {_op_name(op)} on {dtype}")
+            raise Passthrough(f"op {mpi_op_name(op)} on {dtype}")
     if datatype is None:
         raise Passthrough("an op hpcpar cannot apply without a datatype")
     key = (op.py2f(), datatype.py2f())
@@ -97,29 +98,9 @@ def reduction(op: Any, dtype: np.dtype, datatype: Any) -> Any:
             op.Reduce_local([a, datatype], [out, datatype])
             return out
 
-        apply.__name__ = _op_name(op)
+        apply.__name__ = mpi_op_name(op)
         found = _wrapped[key] = apply
     return found
-
-
-def _op_name(op: MPI.Op) -> str:
-    for name in (
-        "MINLOC",
-        "MAXLOC",
-        "SUM",
-        "PROD",
-        "MIN",
-        "MAX",
-        "LAND",
-        "LOR",
-        "LXOR",
-        "BAND",
-        "BOR",
-        "BXOR",
-    ):
-        if op == getattr(MPI, name):
-            return name
-    return "user op"
 
 
 def _datatype(spec: Any) -> Any:

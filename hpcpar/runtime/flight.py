@@ -37,6 +37,7 @@ __all__ = [
     "leave",
     "snapshot",
     "call_site",
+    "mpi_op_name",
     "site_text",
     "enabled",
     "set_enabled",
@@ -308,13 +309,20 @@ _MPI_OPS = (
 )
 
 
+def mpi_op_name(op: Any) -> str:
+    """``SUM`` for ``MPI.SUM`` (every predefined op by its name), else "an MPI user op"."""
+    from mpi4py import MPI
+
+    return next((n for n in _MPI_OPS if op == getattr(MPI, n, None)), "an MPI user op")
+
+
 def _name(value: Any) -> Any:
     if value is None or isinstance(value, (int, float, str, bool)):
         return value
     from mpi4py import MPI
 
     if isinstance(value, MPI.Op):
-        return next((n for n in _MPI_OPS if value == getattr(MPI, n, None)), "an MPI user op")
+        return mpi_op_name(value)
     name = getattr(value, "name", None)  # ops (hpcpar's and MPI's), numpy dtypes
     if isinstance(name, str) and name:
         return name
