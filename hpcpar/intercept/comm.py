@@ -61,16 +61,30 @@ def _plain(comm: Any) -> MPI.Intracomm:
 # ---- the three forms of one collective -----------------------------------------------
 
 
-def _blocking(comm: Any, name: str, args: tuple[Any, ...], library: Callable[[], Any]) -> Any:
+def _prepared(
+    comm: Any, shown: str, name: str, args: tuple[Any, ...], threads: bool
+) -> Call | None:
+    """The ``Call`` hpcpar runs for ``comm.<name>(*args)``; None (noted) when the library takes it.
+
+    ``shown``: the name the record gives the call; ``threads``: the form needs the
+    helper thread (nonblocking and persistent forms).
+    """
     if name in _SKIP:
-        record.note(name, "library", "HPCPAR_INTERCEPT_SKIP")
-        return library()
-    try:
-        call = prepare(name, _plain(comm), args)
-    except Passthrough as why:
-        record.note(name, "library", str(why))
-        call = None
-    if call is None:  # outside the except: the library's own error comes without ours
+        reason = "HPCPAR_INTERCEPT_SKIP"
+    elif threads and not _NONBLOCKING:
+        reason = "MPI thread level below MULTIPLE"
+    else:
+        try:
+            return prepare(name, _plain(comm), args)
+        except Passthrough as why:
+            reason = str(why)
+    record.note(shown, "library", reason)
+    return None  # the caller calls the library outside the except: its error comes alone
+
+
+def _blocking(comm: Any, name: str, args: tuple[Any, ...], library: Callable[[], Any]) -> Any:
+    call = _prepared(comm, name, name, args, False)
+    if call is None:
         return library()
     call.run()
     last = HOT.last_call  # what ran: the library's call (a tuple) or hpcpar's stats
@@ -79,33 +93,19 @@ def _blocking(comm: Any, name: str, args: tuple[Any, ...], library: Callable[[],
 
 
 def _nonblocking(comm: Any, name: str, args: tuple[Any, ...], library: Callable[[], Any]) -> Any:
-    iname = "I" + name.lower() if name == "Barrier" else "I" + name[0].lower() + name[1:]
-    call = _route(comm, iname, name, args)
+    shown = "I" + name[0].lower() + name[1:]
+    call = _prepared(comm, shown, name, args, True)
     if call is None:
         return library()
+    record.note(shown, "hpcpar", "nonblocking")
     work, after = call.start()
     return Request.started(work, after)
 
 
-def _route(comm: Any, shown: str, name: str, args: tuple[Any, ...]) -> Call | None:
-    if name in _SKIP:
-        record.note(shown, "library", "HPCPAR_INTERCEPT_SKIP")
-        return None
-    if not _NONBLOCKING:
-        record.note(shown, "library", "MPI thread level below MULTIPLE")
-        return None
-    try:
-        call = prepare(name, _plain(comm), args)
-    except Passthrough as why:
-        record.note(shown, "library", str(why))
-        return None
-    record.note(shown, "hpcpar", "nonblocking")
-    return call
-
-
 def _persistent(comm: Any, name: str, args: tuple[Any, ...], library: Callable[[], Any]) -> Any:
-    if _route(comm, name + "_init", name, args) is None:
+    if _prepared(comm, name + "_init", name, args, True) is None:
         return library()
+    record.note(name + "_init", "hpcpar", "nonblocking")
     plain = _plain(comm)
     # prepared again at each start: MPI reads the buffers when the request starts
     return Prequest.bound(lambda: prepare(name, plain, args).start())
