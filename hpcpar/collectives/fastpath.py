@@ -28,7 +28,7 @@ from .registry import LIBRARY
 from .select import choose
 from .state import FastDecision, fast_state
 
-__all__ = ["fast_allreduce", "decided_allreduce"]
+__all__ = ["fast_allreduce", "decided", "REREAD"]
 
 _RAW = RAW_ENVIRON
 _OFF = (b"", *(word.encode() for word in FALSE_WORDS))  # else the general path (on, or a typo)
@@ -82,7 +82,7 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
     if decided is None or decided.op is not op:
         mpi_op = _decide(state, x, op, algorithm)
         mark = 0 if mpi_op is None else _signature(x, op)
-        decided = state.fast_auto[key] = FastDecision(op, mpi_op, mark)
+        decided = state.fast_auto[key] = FastDecision(op, mpi_op, mark, x.nbytes)
         if len(state.fast_auto) > 4096:  # a program sweeping every size
             state.fast_auto.clear()
     mpi_op = decided.mpi_op
@@ -119,53 +119,42 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
             state.private.Allreduce(x, out, mpi_op)
     except MPI.Exception as exc:  # (free unless raised)
         raise explain_mpi_error(exc, "allreduce") from None
-    HOT.last_call = ("allreduce", x.nbytes)  # note_library_call, inlined
+    HOT.last_call = decided.library_call  # note_library_call, inlined
     return out
 
 
-def decided_allreduce(state: Any, send: np.ndarray, recv: np.ndarray, op: Any) -> bool:
-    """The library's Allreduce, where ``fast_allreduce`` already decided it for such calls.
+REREAD = 63  # a caller of decided() reads the variables when the sequence is 63 mod 64
+
+
+def decided(state: Any, recv: np.ndarray, op: Any) -> FastDecision | None:
+    """``fast_allreduce``'s decision for such calls, if it was the library's call, or None.
 
     For callers whose arguments reach the library as they are (an intercepted mpi4py
     call: the library then checks the buffers and raises its own errors, so the array
-    checks of ``fast_allreduce`` are left out). ``state``: the communicator's state.
-    Returns False, having done nothing, when there is no decision for this size, dtype,
-    op and the variables it depends on, or it is not the library's call; the caller
-    then takes ``fast_allreduce`` or the general path, which make the decision.
+    checks of ``fast_allreduce`` are left out). They keep what this returns in
+    ``state.fast_seen`` by ``(recv.nbytes, recv.dtype, id(op))`` and call this again
+    only on a miss and when the sequence number is ``REREAD`` mod 64 (the same calls on
+    every rank): the variables the decision depends on are read then, not on every
+    call, so a change takes effect within 64 calls. None: there is no decision yet, or
+    it is not the library's call; ``fast_allreduce`` or the general path makes it.
     """
     if _RAW is None:
-        return False
-    if ADOPTED:
-        progress_adopted()
+        return None
     get = _RAW.get
-    flag = get(_CHECK)
-    if flag is not None and flag.strip().lower() not in _OFF:
-        return False
-    flag = get(_AUTOTUNE)
-    if flag is not None and flag.strip().lower() not in _OFF:
-        return False
-    decided = state.fast_auto.get(
-        (recv.nbytes, recv.dtype, id(op), get(_ALGORITHM), get(_RULES), get(_PROFILE))
-    )
-    if decided is None or decided.op is not op or decided.mpi_op is None:
-        return False
-    if send is not recv and (send.dtype is not recv.dtype or send.nbytes != recv.nbytes):
-        return False
-    if HOT.recording and HOT.last_key is not decided:
-        fast_entry(decided, state, "allreduce", recv, op)
-    seq = state._sequence = state._sequence + 1
-    if HOT.guard:
-        if state.guard_run is not decided:
-            state.fold_guard_run(seq - 1)
-            state.guard_run, state.guard_run_from = decided, seq
-        if seq >= state.guard_next:
-            verify(state, "allreduce")
-    try:
-        state.private.Allreduce(_IN_PLACE if send is recv else send, recv, decided.mpi_op)
-    except MPI.Exception as exc:
-        raise explain_mpi_error(exc, "allreduce") from None
-    HOT.last_call = ("allreduce", recv.nbytes)
-    return True
+    env = (get(_CHECK), get(_AUTOTUNE), get(_ALGORITHM), get(_RULES), get(_PROFILE))
+    if env != state.fast_seen_env:  # another decision may hold now
+        state.fast_seen.clear()
+        state.fast_seen_env = env
+    for flag in env[:2]:
+        if flag is not None and flag.strip().lower() not in _OFF:
+            return None
+    found = state.fast_auto.get((recv.nbytes, recv.dtype, id(op), *env[2:]))
+    if found is None or found.op is not op or found.mpi_op is None:
+        return None
+    if len(state.fast_seen) > 4096:  # a program sweeping every size
+        state.fast_seen.clear()
+    state.fast_seen[(recv.nbytes, recv.dtype, id(op))] = found
+    return found
 
 
 def _signature(x: np.ndarray, op: Any) -> int:

@@ -44,12 +44,14 @@ class FastDecision:
         op: The op as the caller passed it (the decision is for that object).
         mpi_op: The library's op to call, or None: the call takes the general path.
         signature: The mismatch guard's signature of the call (0 with no ``mpi_op``).
+        library_call: What the call leaves in ``HOT.last_call``: ``("allreduce", bytes)``.
     """
 
-    __slots__ = ("mpi_op", "op", "signature")
+    __slots__ = ("library_call", "mpi_op", "op", "signature")
 
-    def __init__(self, op: Any, mpi_op: Any, signature: int) -> None:
+    def __init__(self, op: Any, mpi_op: Any, signature: int, nbytes: int) -> None:
         self.op, self.mpi_op, self.signature = op, mpi_op, signature
+        self.library_call = ("allreduce", nbytes)
 
 
 class CommState:
@@ -95,6 +97,9 @@ class CommState:
         self.guard_run_from = 0
         self.auto_cache: dict[tuple[object, ...], tuple[str, str]] = {}
         self.fast_auto: dict[tuple[object, ...], FastDecision] = {}  # allreduce's fast path
+        # decided_allreduce's decisions by size, dtype and op, under these variables
+        self.fast_seen: dict[tuple[object, ...], FastDecision] = {}
+        self.fast_seen_env: tuple[bytes | None, ...] = ()
         self.tuned: dict[tuple[object, ...], tuple[str, str]] = {}  # autotune's winners
         self.tuned_quick: dict[tuple[object, ...], tuple[str, str]] = {}  # by call arguments
 

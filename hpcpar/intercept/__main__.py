@@ -1,7 +1,10 @@
 """``python -m hpcpar.intercept [pyfile | -m mod | -c cmd] [args]``: run under interception.
 
 Like ``python -m mpi4py``: run a program with hpcpar underneath its mpi4py buffer
-collectives, an exception on any rank aborting the whole job.
+collectives, an exception on any rank aborting the whole job. Ranks that disagree on a
+collective (the mismatch guard's ``CollectiveMismatchError``, raised on every rank at
+once) each print one line naming the call and the program's line that made it, and the
+job ends with exit status 2.
 """
 
 from __future__ import annotations
@@ -58,6 +61,15 @@ def main(argv: list[str] | None = None) -> None:
 
     install_excepthook()
     set_up_or_exit(install)
+    from ..collectives.errors import CollectiveMismatchError
+
+    try:
+        _run(args)
+    except CollectiveMismatchError as exc:
+        _mismatch(exc)
+
+
+def _run(args: list[str]) -> None:
     if args[0] == "-m":
         sys.argv = [args[1], *args[2:]]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
@@ -68,6 +80,26 @@ def main(argv: list[str] | None = None) -> None:
     else:
         sys.argv = list(args)
         runpy.run_path(args[0], run_name="__main__")
+
+
+def _mismatch(exc: BaseException) -> None:
+    """One line on this rank: the guard's finding and the program's call; exit status 2."""
+    import traceback
+
+    from mpi4py import MPI
+
+    from ..runtime.abort import abort_job
+    from ..runtime.packages import core_folders
+
+    inside = core_folders()
+    frames = traceback.extract_tb(exc.__traceback__)
+    site = next((f for f in reversed(frames) if not f.filename.startswith(inside)), None)
+    where = f" (called at {site.filename}:{site.lineno})" if site is not None else ""
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    sys.stderr.write(f"[{rank}/{size}] hpcpar: error: {exc}{where}\n")
+    if size > 1:
+        abort_job(2)  # every rank raised it at the same call: each prints before the abort
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,13 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..collectives.errors import CollectiveError
-from ..collectives.fastpath import decided_allreduce, fast_allreduce
+from ..collectives.errors import CollectiveError, explain_mpi_error
+from ..collectives.fastpath import REREAD, decided, fast_allreduce
+from ..collectives.guard import verify
 from ..collectives.registry import LIBRARY
 from ..collectives.state import fast_state
+from ..runtime.flight import fast_entry
+from ..runtime.orphans import ADOPTED, progress_adopted
 from ..runtime.switches import HOT
 from . import record
 from .calls import Call, prepare
@@ -35,6 +38,7 @@ from .requests import Prequest, Request, threads_allow
 __all__ = ["Intracomm", "Cartcomm", "Graphcomm", "Distgraphcomm", "wrap", "configure"]
 
 _SKIP: frozenset[str] = frozenset()
+_ALLREDUCE = True  # "Allreduce" not in _SKIP
 _NONBLOCKING = True
 _FAST = record.FAST_ALLREDUCE
 _SUM = MPI.SUM
@@ -44,8 +48,9 @@ _BASE = MPI.Intracomm
 
 def configure(skip: frozenset[str]) -> None:
     """Set the collectives left to the library (``HPCPAR_INTERCEPT_SKIP``)."""
-    global _SKIP, _NONBLOCKING
+    global _SKIP, _ALLREDUCE, _NONBLOCKING
     _SKIP = skip
+    _ALLREDUCE = "Allreduce" not in skip
     _NONBLOCKING = threads_allow()
 
 
@@ -82,11 +87,20 @@ def _prepared(
     return None  # the caller calls the library outside the except: its error comes alone
 
 
+def _named(name: str, run: Callable[[], Any]) -> Any:
+    """``run()``, its flight-record entry naming the call as the program made it."""
+    HOT.named = name
+    try:
+        return run()
+    finally:
+        HOT.named = None  # not taken: the call continued an entry's run of calls
+
+
 def _blocking(comm: Any, name: str, args: tuple[Any, ...], library: Callable[[], Any]) -> Any:
     call = _prepared(comm, name, name, args, False)
     if call is None:
         return library()
-    call.run()
+    _named(name, call.run)
     last = HOT.last_call  # what ran: the library's call (a tuple) or hpcpar's stats
     record.note(name, "hpcpar", "ran " + (LIBRARY if type(last) is tuple else last.algorithm))
     return None
@@ -98,7 +112,7 @@ def _nonblocking(comm: Any, name: str, args: tuple[Any, ...], library: Callable[
     if call is None:
         return library()
     record.note(shown, "hpcpar", "nonblocking")
-    work, after = call.start()
+    work, after = _named(shown, call.start)
     return Request.started(work, after)
 
 
@@ -108,7 +122,8 @@ def _persistent(comm: Any, name: str, args: tuple[Any, ...], library: Callable[[
     record.note(name + "_init", "hpcpar", "nonblocking")
     plain = _plain(comm)
     # prepared again at each start: MPI reads the buffers when the request starts
-    return Prequest.bound(lambda: prepare(name, plain, args).start())
+    shown = name + "_init"
+    return Prequest.bound(lambda: _named(shown, prepare(name, plain, args).start))
 
 
 class _Intercepted:
@@ -129,22 +144,56 @@ class _Intercepted:
             lambda: _BASE.Reduce(self, sendbuf, recvbuf, op, root),
         )
 
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _SUM) -> None:  # noqa: PLR0912
         # numpy arrays: the library's call where hpcpar decided so for such calls before
-        # (decided_allreduce), else hpcpar's fast path, given the communicator's state
-        if type(recvbuf) is _NDARRAY:
-            x = recvbuf if sendbuf is IN_PLACE else sendbuf
-            if type(x) is _NDARRAY and "Allreduce" not in _SKIP:
+        # (decided), else hpcpar's fast path, given the communicator's state, else the
+        # general path. The first, inline: every call costs time here (compare.py)
+        if type(recvbuf) is _NDARRAY and _ALLREDUCE and sendbuf is not recvbuf:
+            send = recvbuf if sendbuf is IN_PLACE else sendbuf
+            if type(send) is _NDARRAY:
                 try:
                     state = self._hpcpar_state
                 except AttributeError:
                     state = self._hpcpar_state = fast_state(_plain(self))
                 if state is not None:
-                    if decided_allreduce(state, x, recvbuf, op):
+                    known = state.fast_seen.get((recvbuf.nbytes, recvbuf.dtype, id(op)))
+                    if known is None or not ~state._sequence & REREAD:
+                        known = decided(state, recvbuf, op)
+                    if (
+                        known is not None
+                        and known.op is op
+                        and (
+                            send is recvbuf
+                            or (send.dtype is recvbuf.dtype and send.nbytes == recvbuf.nbytes)
+                        )
+                    ):
+                        # what fast_allreduce does once it has decided
+                        if ADOPTED:
+                            progress_adopted()
+                        if HOT.recording and HOT.last_key is not known:
+                            fast_entry(known, state, "Allreduce", recvbuf, op)
+                        seq = state._sequence = state._sequence + 1
+                        if HOT.guard:
+                            if state.guard_run is not known:
+                                state.fold_guard_run(seq - 1)
+                                state.guard_run, state.guard_run_from = known, seq
+                            if seq >= state.guard_next:
+                                verify(state, "allreduce")
+                        try:
+                            state.private.Allreduce(sendbuf, recvbuf, known.mpi_op)
+                        except MPI.Exception as exc:
+                            raise explain_mpi_error(exc, "allreduce") from None
+                        HOT.last_call = known.library_call
                         _FAST[0] += 1
                         return
                     try:
-                        if fast_allreduce(x, op, recvbuf, state, "auto") is not None:
+                        if (
+                            _named(
+                                "Allreduce",
+                                lambda: fast_allreduce(send, op, recvbuf, state, "auto"),
+                            )
+                            is not None
+                        ):
                             _FAST[0] += 1
                             return
                     except CollectiveError:  # an op hpcpar refuses: the library decides

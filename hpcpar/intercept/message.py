@@ -322,6 +322,12 @@ def _two(value: tuple[Any, ...]) -> tuple[Any, Any]:
 
 
 def pair(a: np.ndarray, b: np.ndarray) -> None:
-    """Raise Passthrough unless send and receive views hold the same element type."""
+    """Raise Passthrough unless send and receive views hold the same element type.
+
+    Also when they overlap (not ``IN_PLACE``): MPI calls that an error, and the library
+    raises it.
+    """
     if a.dtype != b.dtype:
         raise Passthrough("different send and receive types")
+    if np.may_share_memory(a, b):
+        raise Passthrough("send and receive buffers overlap")

@@ -157,6 +157,8 @@ def enter(
     """
     if not HOT.recording:
         return None
+    if HOT.named is not None:  # the program's own name of the call (an intercepted one)
+        operation, HOT.named = HOT.named, None
     key = (comm, operation, algorithm, count, dtype, op, root)
     last = HOT.last_entry
     if not TRACING and last is not None and HOT.last_key == key and last[SEQ] + last[CALLS] == seq:
@@ -218,6 +220,8 @@ def fast_entry(decided: Any, state: Any, operation: str, x: Any, op: Any) -> lis
     sequence (``state._sequence``, or the next entry on it) when the record is read.
     """
     # the frames in between: this one, fast_allreduce and hpcpar.allreduce
+    if HOT.named is not None:  # the program's own name of the call (an intercepted one)
+        operation, HOT.named = HOT.named, None
     entry = [
         state.label,
         state._sequence,

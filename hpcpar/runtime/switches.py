@@ -29,9 +29,20 @@ class HotState:
         last_entry: That entry.
         last_call: The statistics of the last collective (``CollectiveStats``), or a
             library call's ``(collective, bytes)``.
+        named: The name the next flight-record entry gives its call instead of hpcpar's
+            (an intercepted mpi4py call: ``Allreduce``), or None; the entry takes it.
     """
 
-    __slots__ = ("at", "current", "guard", "last_call", "last_entry", "last_key", "recording")
+    __slots__ = (
+        "at",
+        "current",
+        "guard",
+        "last_call",
+        "last_entry",
+        "last_key",
+        "named",
+        "recording",
+    )
 
     def __init__(self) -> None:
         self.guard = True
@@ -41,6 +52,7 @@ class HotState:
         self.last_key: Any = None
         self.last_entry: list[Any] | None = None
         self.last_call: Any = None
+        self.named: str | None = None
 
 
 HOT = HotState()

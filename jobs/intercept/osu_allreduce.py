@@ -21,8 +21,10 @@ def main() -> None:
     """Parse the options and run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="8,64,1024,16384,262144,4194304", help="bytes")
-    parser.add_argument("--iterations", type=int, default=2000, help="calls at 8 bytes")
-    parser.add_argument("--warmup", type=int, default=100)
+    # the OSU micro-benchmarks' defaults: 10000 timed calls after 1000 untimed up to
+    # 8 KiB (their LARGE_MESSAGE_SIZE), 1000 after 100 above
+    parser.add_argument("--iterations", type=int, default=10000, help="timed calls up to 8 KiB")
+    parser.add_argument("--warmup", type=int, default=1000, help="untimed calls up to 8 KiB")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -33,8 +35,9 @@ def main() -> None:
         count = max(1, size // 4)
         send = np.ones(count, dtype=np.float32)
         recv = np.empty_like(send)
-        iterations = max(20, int(args.iterations * min(1.0, 8192 / size)))
-        for _ in range(args.warmup):
+        large = size > 8192
+        iterations = max(1, args.iterations // 10) if large else args.iterations
+        for _ in range(max(1, args.warmup // 10) if large else args.warmup):
             comm.Allreduce(send, recv, op=MPI.SUM)
         comm.Barrier()
         start = time.perf_counter()

@@ -1,15 +1,18 @@
 """An mpi4py program that knows nothing of hpcpar, for the whole-job interception tests.
 
 Every rank checks its results against numpy and prints ``ok <rank>``. With ``mismatch``
-as its argument, rank 0 passes one element fewer to an allreduce than the others; with
-``threads``, three threads make blocking and nonblocking calls at once, each on its own
-communicator (as ``MPI_THREAD_MULTIPLE`` allows).
+as its argument, rank 0 passes two float32 to an allreduce where the others pass one
+float64 (the same bytes: the library finds nothing wrong); with ``truncate``, rank 0
+passes one element fewer than the others; with ``hang``, rank 0 gathers while the
+others sleep; with ``threads``, three threads make blocking and nonblocking calls at
+once, each on its own communicator (as ``MPI_THREAD_MULTIPLE`` allows).
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -27,11 +30,21 @@ half.Bcast(b, root=0)
 assert (b == 0).all()
 req = comm.Iallreduce(MPI.IN_PLACE, y, op=MPI.MAX)
 MPI.Request.Waitall([req])
-if len(sys.argv) > 1 and sys.argv[1] == "mismatch":
+mode = sys.argv[1] if len(sys.argv) > 1 else ""
+if mode == "mismatch":
+    z = np.ones(2, np.float32) if rank == 0 else np.ones(1, np.float64)
+    for _ in range(200):
+        comm.Allreduce(z, np.empty_like(z))
+if mode == "truncate":
     n = 5 if rank == 0 else 6
     for _ in range(200):
         comm.Allreduce(np.ones(n), np.empty(n))
-if len(sys.argv) > 1 and sys.argv[1] == "threads":
+if mode == "hang":
+    if rank == 0:
+        comm.Allgather(np.zeros(3), np.empty(3 * size))  # the line the watchdog names
+    else:
+        time.sleep(120)
+if mode == "threads":
     comms = [comm.Dup() for _ in range(3)]
     wrong: list[object] = []
 

@@ -239,6 +239,21 @@ def test_nonblocking_and_persistent_forms(pair):
     persistent.Free()
 
 
+def test_an_algorithm_set_while_running_takes_effect_within_64_calls(pair, monkeypatch):
+    icomm, plain = pair
+    p = plain.Get_size()
+    x, got = np.ones(8), np.zeros(8)
+    for _ in range(3):  # the library's call, decided and kept on the communicator
+        icomm.Allreduce(x, got)
+    before = sum(n for (c, _, why), n in record.counts().items() if why == "ran ring")
+    monkeypatch.setenv("HPCPAR_ALGORITHM_ALLREDUCE", "ring")
+    for _ in range(64):
+        icomm.Allreduce(x, got)
+        _same(got, np.full(8, float(p)), plain, "Allreduce while the algorithm changes")
+    after = sum(n for (c, _, why), n in record.counts().items() if why == "ran ring")
+    assert_all(after > before, f"ring ran {after - before} times", plain)
+
+
 def test_derived_communicators_stay_intercepted_and_agree(pair):
     icomm, plain = pair
     r, p = plain.Get_rank(), plain.Get_size()
@@ -306,6 +321,10 @@ def test_bad_arguments_raise_what_the_library_raises(pair):
         "MAXLOC on a plain type": lambda c: c.Allreduce(x, np.zeros(4), op=MPI.MAXLOC),
         "REPLACE": lambda c: c.Allreduce(x, np.zeros(4), op=MPI.REPLACE),
         "Reduce to a root below 0": lambda c: c.Reduce(x, np.zeros(4), root=-1),
+        # the same array as send and receive buffer (not IN_PLACE), after calls that
+        # leave hpcpar's decision for the size on the communicator
+        "aliased buffers": lambda c: (c.Allreduce(x, np.zeros(4)), c.Allreduce(x, x)),
+        "aliased again": lambda c: c.Allreduce(x, x),
     }
     for what, case in cases.items():
         mine = raised(lambda case=case: case(icomm))

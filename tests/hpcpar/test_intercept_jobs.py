@@ -63,11 +63,35 @@ def test_the_module_form_and_its_usage_errors():
 
 @pytest.mark.timeout(300)
 def test_ranks_that_disagree_get_the_guards_error_not_a_hang():
+    # the same bytes, other dtypes: the library sees nothing; the guard, on every rank
     job = _job("--intercept", "--watchdog", "20", "--", PROGRAM, "mismatch", timeout=240)
     text = job.stdout + job.stderr
-    assert job.returncode != 0, text
-    assert "CollectiveMismatchError" in text, text
+    assert job.returncode == 2, text
+    line = re.compile(
+        r"^\[(\d)/2\] hpcpar: error: allreduce: ranks differ at #\d+ on MPI_COMM_WORLD: "
+        r"rank\(s\) 0 called Allreduce \(mpi, count 2, float32, op SUM\); "
+        r"rank\(s\) 1 called Allreduce \(mpi, count 1, float64, op SUM\).*"
+        r"\(called at .*intercepted_program\.py:\d+\)$",
+        re.M,
+    )
+    assert sorted(line.findall(job.stderr)) == ["0", "1"], text
     assert "Traceback" not in text
+    # fewer elements on one rank: the library ends the job; the launcher says why
+    job = _job("--intercept", "--watchdog", "20", "--", PROGRAM, "truncate", timeout=240)
+    text = job.stdout + job.stderr
+    assert job.returncode != 0 and "CollectiveMismatchError" in text, text
+    assert "Traceback" not in text
+
+
+@pytest.mark.timeout(300)
+def test_the_watchdog_names_the_programs_call_and_line():
+    job = _job("--intercept", "--watchdog", "3", "--", PROGRAM, "hang", timeout=240)
+    text = job.stdout + job.stderr
+    assert job.returncode == 4, text
+    source = Path(PROGRAM).read_text().splitlines()
+    line = next(i for i, t in enumerate(source, 1) if "the line the watchdog names" in t)
+    assert re.search(r"hpcpar watchdog: Allgather #\d+ on MPI_COMM_WORLD", text), text
+    assert f"called at {PROGRAM}:{line} in <module>" in text, text
 
 
 @pytest.mark.timeout(300)
