@@ -82,7 +82,7 @@ def fast_allreduce(  # noqa: PLR0911, PLR0912 (inline: every helper call costs t
     if decided is None or decided.op is not op:
         mpi_op = _decide(state, x, op, algorithm)
         mark = 0 if mpi_op is None else _signature(x, op)
-        decided = state.fast_auto[key] = FastDecision(op, mpi_op, mark, x.nbytes)
+        decided = state.fast_auto[key] = FastDecision(op, mpi_op, mark, x.nbytes, x.dtype)
         if len(state.fast_auto) > 4096:  # a program sweeping every size
             state.fast_auto.clear()
     mpi_op = decided.mpi_op
@@ -131,8 +131,8 @@ def decided(state: Any, recv: np.ndarray, op: Any) -> FastDecision | None:
 
     For callers whose arguments reach the library as they are (an intercepted mpi4py
     call: the library then checks the buffers and raises its own errors, so the array
-    checks of ``fast_allreduce`` are left out). They keep what this returns in
-    ``state.fast_seen`` by ``(recv.nbytes, recv.dtype, id(op))`` and call this again
+    checks of ``fast_allreduce`` are left out). It is kept in ``state.fast_seen`` by
+    ``(recv.nbytes, recv.dtype, id(op))``; callers call this again
     only on a miss and when the sequence number is ``REREAD`` mod 64 (the same calls on
     every rank): the variables the decision depends on are read then, not on every
     call, so a change takes effect within 64 calls. None: there is no decision yet, or

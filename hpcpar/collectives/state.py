@@ -45,12 +45,14 @@ class FastDecision:
         mpi_op: The library's op to call, or None: the call takes the general path.
         signature: The mismatch guard's signature of the call (0 with no ``mpi_op``).
         library_call: What the call leaves in ``HOT.last_call``: ``("allreduce", bytes)``.
+        nbytes, dtype: The size and dtype of the call it was made for.
     """
 
-    __slots__ = ("library_call", "mpi_op", "op", "signature")
+    __slots__ = ("dtype", "library_call", "mpi_op", "nbytes", "op", "signature")
 
-    def __init__(self, op: Any, mpi_op: Any, signature: int, nbytes: int) -> None:
+    def __init__(self, op: Any, mpi_op: Any, signature: int, nbytes: int, dtype: Any) -> None:
         self.op, self.mpi_op, self.signature = op, mpi_op, signature
+        self.nbytes, self.dtype = nbytes, dtype
         self.library_call = ("allreduce", nbytes)
 
 
@@ -100,6 +102,7 @@ class CommState:
         # decided_allreduce's decisions by size, dtype and op, under these variables
         self.fast_seen: dict[tuple[object, ...], FastDecision] = {}
         self.fast_seen_env: tuple[bytes | None, ...] = ()
+        self.fast_hit: FastDecision | None = None  # the last of them used
         self.tuned: dict[tuple[object, ...], tuple[str, str]] = {}  # autotune's winners
         self.tuned_quick: dict[tuple[object, ...], tuple[str, str]] = {}  # by call arguments
 

@@ -156,16 +156,21 @@ class _Intercepted:
                 except AttributeError:
                     state = self._hpcpar_state = fast_state(_plain(self))
                 if state is not None:
-                    known = state.fast_seen.get((recvbuf.nbytes, recvbuf.dtype, id(op)))
-                    if known is None or not ~state._sequence & REREAD:
-                        known = decided(state, recvbuf, op)
+                    known = state.fast_hit  # the last call's decision, else by the key
                     if (
-                        known is not None
-                        and known.op is op
-                        and (
-                            send is recvbuf
-                            or (send.dtype is recvbuf.dtype and send.nbytes == recvbuf.nbytes)
-                        )
+                        known is None
+                        or known.op is not op
+                        or known.dtype is not recvbuf.dtype
+                        or known.nbytes != recvbuf.nbytes
+                        or not ~state._sequence & REREAD
+                    ):
+                        known = state.fast_seen.get((recvbuf.nbytes, recvbuf.dtype, id(op)))
+                        if known is None or known.op is not op or not ~state._sequence & REREAD:
+                            known = decided(state, recvbuf, op)
+                        state.fast_hit = known
+                    if known is not None and (
+                        send is recvbuf
+                        or (send.dtype is recvbuf.dtype and send.nbytes == recvbuf.nbytes)
                     ):
                         # what fast_allreduce does once it has decided
                         if ADOPTED:

@@ -64,6 +64,7 @@ def mark_started(rank: int) -> None:
     global _rank
     _rank = rank
     _touch(Path(folder) / f"rank{rank}.started")
+    atexit.register(_say_goodbye)  # after the exit mark below (last registered runs first)
     atexit.register(_touch, Path(folder) / f"rank{rank}.exited")
     _record_faults(Path(folder) / f"rank{rank}.fault")
     _say_hello(Path(folder) / SOCKET, rank)
@@ -88,6 +89,12 @@ def _say_hello(path: Path, rank: int) -> None:
         conn.close()
         return
     _hello = conn
+
+
+def _say_goodbye() -> None:
+    """Close the launcher's connection at a normal exit (its end then says the same)."""
+    if _hello is not None:
+        _hello.close()
 
 
 def _record_faults(path: Path) -> None:

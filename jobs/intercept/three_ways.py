@@ -47,9 +47,9 @@ def main() -> None:
         recv = np.empty_like(send)
         calls = 10000 if size <= 8192 else 1000
         ways = {
-            "library": lambda: plain.Allreduce(send, recv, op=MPI.SUM),
-            "intercepted": lambda: comm.Allreduce(send, recv, op=MPI.SUM),
-            "hpcpar": lambda: hpcpar.allreduce(send, out=recv),
+            "library": lambda s=send, r=recv: plain.Allreduce(s, r, op=MPI.SUM),
+            "intercepted": lambda s=send, r=recv: comm.Allreduce(s, r, op=MPI.SUM),
+            "hpcpar": lambda s=send, r=recv: hpcpar.allreduce(s, out=r),
         }
         times: dict[str, list[float]] = {way: [] for way in ways}
         for _ in range(args.blocks):
@@ -66,8 +66,8 @@ def main() -> None:
         if recv[0] != comm.Get_size():
             raise SystemExit(f"three_ways.py: wrong result {recv[0]}")
         if rank == 0:
-            added = [i - b for i, b in zip(times["intercepted"], times["library"])]
-            ratio = [i / h for i, h in zip(times["intercepted"], times["hpcpar"])]
+            added = [i - b for i, b in zip(times["intercepted"], times["library"], strict=True)]
+            ratio = [i / h for i, h in zip(times["intercepted"], times["hpcpar"], strict=True)]
             med = {way: statistics.median(t) for way, t in times.items()}
             print(
                 f"  {size:>8} {med['library']:>11.2f} {med['intercepted']:>15.2f}"
