@@ -18,7 +18,7 @@ PROGRAM = str(Path(__file__).parents[1] / "helpers" / "intercepted_program.py")
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("ranks", [1, 3])
 def test_an_unchanged_program_runs_through_hpcpar(ranks, tmp_path):
-    report = tmp_path / "report"
+    report, trace = tmp_path / "report", tmp_path / "trace"
     job = hpcpar(
         "launch",
         "-n",
@@ -28,10 +28,17 @@ def test_an_unchanged_program_runs_through_hpcpar(ranks, tmp_path):
         "--intercept",
         "--",
         PROGRAM,
-        env=clean_env(HPCPAR_INTERCEPT_REPORT=str(report)),
+        env=clean_env(HPCPAR_INTERCEPT_REPORT=str(report), HPCPAR_TRACE=str(trace)),
         timeout=240,
     )
     assert job.returncode == 0, job.stdout + job.stderr
+    # the timeline names the program's calls and lines
+    timeline = hpcpar("trace", str(trace), timeout=120).stdout
+    source = Path(PROGRAM).read_text().splitlines()
+    line = next(i for i, t in enumerate(source, 1) if "comm.Allreduce(x, y, op=MPI.SUM)" in t)
+    assert "Allreduce (mpi, count 6, float64)" in timeline, timeline
+    assert f"intercepted_program.py:{line} in <module>" in timeline, timeline
+    assert "Iallreduce" in timeline and "Bcast" in timeline, timeline
     assert sorted(int(r) for r in re.findall(r"ok (\d+)", job.stdout)) == list(range(ranks))
     for rank in range(ranks):
         calls = json.loads((report / f"intercept{rank}.json").read_text())["calls"]
