@@ -110,7 +110,9 @@ def test_bfs_and_sssp_match_scipy_and_validate(comm, partition, layout):
                 assert check.traversed_edges == found.traversed_edges(g)
             dist = csgraph.dijkstra(ref, indices=root)
             ways = ("auto", "push", "pull") if g.grid.rows == 1 else ("auto", "push")
-            for delta, direction in itertools.product((0.05, 0.3, np.inf), ways):
+            # every delta from the first root; each direction from every root
+            deltas = (0.05, 0.3, np.inf) if root == roots[0] else (0.3,)
+            for delta, direction in itertools.product(deltas, ways):
                 found = sssp(g, root, delta=delta, direction=direction)  # inf: Bellman-Ford
                 check = validate(g, edges, root, found.parent, found.dist)
                 assert_all(
