@@ -288,8 +288,8 @@ def ensure_slurm() -> None:
 def test(pytest_args: list[str], quick: bool = False) -> None:
     """Lint, then run every test (MPI tests at one rank), then the MPI tests at 2, 3, 4 ranks.
 
-    Tests run ``WORKERS`` at a time: first those that start no whole job, then the
-    whole-job tests (marked ``slow``); then, one at a time, those marked ``alone``
+    Tests run ``WORKERS`` at a time, the whole-job ones (marked ``slow``) among the
+    others; then, one at a time, those marked ``alone``
     (machine-wide state such as Slurm and the virtual cluster, or timing across
     namespaces). ``quick``: only the tests not marked ``slow``, and the MPI ones at 2
     ranks, for the edit-test loop; CI runs everything, the demo in its own environment
@@ -307,11 +307,10 @@ def test(pytest_args: list[str], quick: bool = False) -> None:
     env = dict(os.environ, HPCPAR_RELIABILITY_DIR=tally)
     workers = ["-n", str(WORKERS), "--dist", "loadgroup"] if WORKERS > 1 else []
     pytest = [py, "-m", "pytest", "--with-mpi", "-m"]
-    _run(
-        *pytest, "not slow" if quick else "not slow and not alone", *workers, *pytest_args, env=env
-    )
+    # one session for all but "alone": a worker that finishes its share early takes
+    # the other's next test instead of waiting for the session to end
+    _run(*pytest, "not slow" if quick else "not alone", *workers, *pytest_args, env=env)
     if not quick:
-        _run(*pytest, "slow and not alone", *workers, *pytest_args, env=env)
         _run(*pytest, "alone", *pytest_args, env=env)
     for ranks in RANKS_UNDER_MPI[:1] if quick else RANKS_UNDER_MPI:
         _run(
