@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -104,11 +103,8 @@ def test_one_rank_raising_aborts_the_job(tmp_path):
         "    raise RuntimeError('boom on rank 2')\n"
         "comm.Barrier()\n"
     )
-    started = time.monotonic()
     proc = launch(4, str(script))
-    elapsed = time.monotonic() - started
-    assert proc.returncode != 0
-    assert elapsed < 30, f"the job took {elapsed:.1f} s to die"
+    assert proc.returncode not in (0, 124), proc.stderr  # ended by the abort, not the time-out
     assert proc.stderr.count("Traceback") == 1, proc.stderr
     assert "[2/4] RuntimeError: boom on rank 2" in proc.stderr
 
@@ -116,10 +112,8 @@ def test_one_rank_raising_aborts_the_job(tmp_path):
 def test_launch_timeout_kills_the_whole_job(tmp_path):
     script = tmp_path / "sleepy.py"
     script.write_text("import time, hpcpar\nhpcpar.default_comm().Barrier()\ntime.sleep(600)\n")
-    started = time.monotonic()
     proc = hpcpar("launch", "-n", "2", "--timeout", "3", "--", str(script))
     assert proc.returncode == 124
-    assert time.monotonic() - started < 30
     assert "ran past --timeout 3 s" in proc.stderr
 
 

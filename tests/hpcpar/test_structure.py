@@ -114,6 +114,7 @@ LAYERS = [
             "hpcpar.bench",
             "hpcpar.launcher",
             "hpcpar.intercept",
+            "hpcpar.horovod",
             "hpcpar.run",
             "hpcpar.vcluster",
             "hpcpar.plugins",
