@@ -295,7 +295,8 @@ def _allreduce_async(
 ) -> int:
     comm = _comm(process_set)
     if output is not tensor:
-        output.copy_(tensor)
+        with torch.no_grad():  # the result of a collective, not of the copy
+            output.copy_(tensor)
     a = _array(output)
     _scale(a, prescale_factor)
     post = postscale_factor / comm.size if op == Average else postscale_factor
@@ -581,7 +582,8 @@ def _broadcast_async(
     comm = _comm(process_set)
     root = _set_rank(process_set, root_rank)
     if output is not tensor:
-        output.copy_(tensor)
+        with torch.no_grad():  # the result of a collective, not of the copy
+            output.copy_(tensor)
     a = _array(output, _ANY)
     request = _wrap(lambda: hc.ibcast(a, root, comm=comm))
     return _handle([request], lambda: output)
