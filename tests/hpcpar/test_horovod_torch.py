@@ -159,6 +159,31 @@ def test_broadcast_and_broadcast_parameters():
         hvd.broadcast_parameters(model, root_rank=0)
 
 
+@pytest.mark.parametrize("kind", ["sgd-momentum", "adam"])
+def test_broadcast_optimizer_state_gives_every_rank_the_roots(kind):
+    r = hvd.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    if kind == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=0.01 * (r + 1))
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1), momentum=0.9)
+    for step in range(r + 1):  # a different history on every rank
+        opt.zero_grad()
+        (model(torch.full((4, 3), float(r + step))) ** 2).sum().backward()
+        opt.step()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    state = opt.state_dict()
+    flat = torch.cat(
+        [t.flatten().double() for s in state["state"].values() for t in s.values()]
+        + [torch.tensor([g["lr"] for g in state["param_groups"]], dtype=torch.float64)]
+    )
+    _check(all(torch.equal(flat, o) for o in MPI.COMM_WORLD.allgather(flat)), f"{kind} state")
+    assert state["param_groups"][0]["lr"] == pytest.approx(0.01 if kind == "adam" else 0.1)
+    with pytest.raises(ValueError, match="LBFGS"):
+        hvd.broadcast_optimizer_state(torch.optim.LBFGS(model.parameters()), root_rank=0)
+
+
 def test_alltoall_with_and_without_splits():
     r, p = hvd.rank(), hvd.size()
     splits = [(r + i) % 3 for i in range(p)]  # zero rows to some ranks

@@ -83,6 +83,7 @@ __all__ = [
     "broadcast_async",
     "broadcast_async_",
     "broadcast_object",
+    "broadcast_optimizer_state",
     "broadcast_parameters",
     "ccl_built",
     "cross_rank",
@@ -778,6 +779,20 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
     handles = [broadcast_async_(p, root_rank, name) for name, p in items]
     for handle in handles:
         synchronize(handle)
+
+
+def broadcast_optimizer_state(optimizer: Any, root_rank: int, model: Any = None) -> None:
+    """Give every process ``root_rank``'s optimizer state and hyper-parameters.
+
+    The root's ``state_dict()`` as it is (an optimizer that has not stepped yet has no
+    per-parameter state to send; Horovod instead first takes a step with zero gradients
+    on every process). ``model`` is accepted for Horovod's signature.
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    state = broadcast_object(optimizer.state_dict(), root_rank)
+    if rank() != root_rank:
+        optimizer.load_state_dict(state)
 
 
 def broadcast_object(
