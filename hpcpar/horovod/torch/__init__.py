@@ -310,6 +310,28 @@ def _allreduce_async(
     return _handle([request], finish)
 
 
+def _allreduce_now(
+    tensor: torch.Tensor,
+    output: torch.Tensor,
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+) -> torch.Tensor:
+    """The blocking allreduce (hpcpar's fast path for small calls); returns ``output``."""
+    comm = _comm(process_set)
+    a = _array(tensor)
+    out = a if output is tensor else _array(output)
+    if prescale_factor != 1.0:
+        if out is not a:
+            np.copyto(out, a)
+        _scale(out, prescale_factor)
+        a = out
+    _wrap(lambda: hc.allreduce(a, _MPI_OPS[op], out=out, comm=comm))
+    _scale(out, postscale_factor / comm.size if op == Average else postscale_factor)
+    return output
+
+
 def allreduce_async(
     tensor: torch.Tensor,
     average: bool | None = None,
@@ -360,9 +382,7 @@ class _Allreduce(torch.autograd.Function):
         ctx.op, ctx.process_set = op, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
         out = torch.empty_like(tensor)
-        return synchronize(
-            _allreduce_async(tensor, out, op, prescale_factor, postscale_factor, process_set)
-        )
+        return _allreduce_now(tensor, out, op, prescale_factor, postscale_factor, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
@@ -393,8 +413,13 @@ def allreduce(
     """
     op = _op(op, average)
     compressed, ctx = compression.compress(tensor)
-    _array(compressed)
-    reduced = _Allreduce.apply(compressed, op, prescale_factor, postscale_factor, process_set)
+    if compressed.requires_grad:
+        reduced = _Allreduce.apply(compressed, op, prescale_factor, postscale_factor, process_set)
+    else:
+        out = torch.empty_like(compressed)
+        reduced = _allreduce_now(
+            compressed, out, op, prescale_factor, postscale_factor, process_set
+        )
     return compression.decompress(reduced, ctx)
 
 
@@ -408,9 +433,8 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """``allreduce`` in place; returns ``tensor``."""
-    return synchronize(
-        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
-    )
+    op = _op(op, average)
+    return _allreduce_now(tensor, tensor, op, prescale_factor, postscale_factor, process_set)
 
 
 def _grouped_async(
