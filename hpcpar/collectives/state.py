@@ -99,7 +99,7 @@ class CommState:
         self.guard_run_from = 0
         self.auto_cache: dict[tuple[object, ...], tuple[str, str]] = {}
         self.fast_auto: dict[tuple[object, ...], FastDecision] = {}  # allreduce's fast path
-        # decided_allreduce's decisions by size, dtype and op, under these variables
+        # fastpath.decided()'s decisions by size, dtype and op, under these variables
         self.fast_seen: dict[tuple[object, ...], FastDecision] = {}
         self.fast_seen_env: tuple[bytes | None, ...] = ()
         self.fast_hit: FastDecision | None = None  # the last of them used

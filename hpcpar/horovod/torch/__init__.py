@@ -584,8 +584,7 @@ class _Allgather(torch.autograd.Function):
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         summed = allreduce(grad_output.contiguous(), op=Sum, process_set=ctx.process_set)
         rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64), process_set=ctx.process_set)
-        me = ctx.process_set.rank() if ctx.process_set is not global_process_set else rank()
-        start = int(rows[:me].sum())
+        start = int(rows[: ctx.process_set.rank()].sum())
         return summed.narrow(0, start, ctx.rows), None
 
 
