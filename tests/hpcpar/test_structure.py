@@ -106,7 +106,10 @@ LAYERS = [
     ("topology", ["hpcpar.topology"]),
     ("datatypes", ["hpcpar.datatypes"]),
     ("collectives", ["hpcpar.collectives"]),
-    ("p2p, halo, checkpoint", ["hpcpar.p2p", "hpcpar.halo", "hpcpar.checkpoint"]),
+    (
+        "p2p, halo, checkpoint",
+        ["hpcpar.p2p", "hpcpar.halo", "hpcpar.checkpoint", "hpcpar.gradients"],
+    ),
     (
         "cli, bench, launcher",
         [

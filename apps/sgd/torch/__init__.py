@@ -41,7 +41,8 @@ contribute zeros; a parameter that no rank used keeps its gradient as it was.
 
 from __future__ import annotations
 
-from .buckets import plan_buckets
+from hpcpar.gradients import plan_buckets
+
 from .data_parallel import DataParallel
 from .local_sgd import LocalSGD
 from .zero import ZeroOptimizer

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
 
+from hpcpar.gradients import MIB, GradientSync, as_array, spare_core
+
 from ..models import SgdError
-from .buckets import (
-    CANDIDATES,
-    MIB,
-    Reducer,
-    as_array,
-    make_buckets,
-    plan_buckets,
-    reduce_bucket,
-)
 
 __all__ = ["DataParallel"]
 
@@ -98,35 +89,49 @@ class DataParallel:
             self.free()
             raise SgdError("DataParallel: the module has no parameter that requires grad")
         self._trained = trained
-        self.bucket_bytes = int((25.0 if auto else bucket_mib) * MIB)
-        self._set_buckets(self.bucket_bytes)
-        self.bucket_plan = (
-            "auto: chosen after the first backward pass"
-            if auto
-            else (
-                f"{len(self.buckets)} bucket(s) of at most about {bucket_mib:g} MiB, as requested"
-            )
-        )
-        # the first pass's timeline, for bucket_mib="auto": when each gradient was ready
-        self._timeline: list[float] | None = [0.0] * len(trained) if auto else None
-        self._produced = {id(p): i for i, p in enumerate(reversed(trained))}
-        self.comm_seconds = 0.0  # waited for the gradients' communication after the passes
-        self.sync_gradients = True
-        self._in_pass = False
-        self._next = 0  # the next bucket to send: every rank sends them in index order
         threads_ok = MPI.Query_thread() >= MPI.THREAD_SERIALIZED
         if overlap is None:
             overlap = spare_core(base)
-        self.overlap = bool(overlap) and threads_ok
-        self._reducer: Reducer | None = None
-        if self.overlap:
-            self._reducer = Reducer(self.hierarchy, algorithm)
-            self._reducer.start()
+        self.sync = GradientSync(
+            trained,
+            self.hierarchy,
+            limit=None if auto else int(bucket_mib * MIB),
+            algorithm=algorithm,
+            overlap=bool(overlap) and threads_ok,
+        )
+        if not auto:
+            self.sync.plan = (
+                f"{len(self.sync.buckets)} bucket(s) of at most about {bucket_mib:g} MiB, "
+                "as requested"
+            )
+        self.sync_gradients = True
+        self._in_pass = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in trained]
 
-    def _set_buckets(self, limit: int) -> None:
-        self.buckets = make_buckets(self._trained, limit)
-        self._where = {id(p): (b, slot) for b in self.buckets for slot, p in enumerate(b.params)}
+    @property
+    def buckets(self) -> list[Any]:
+        """The gradient buckets, in the order every rank reduces them."""
+        return self.sync.buckets
+
+    @property
+    def bucket_bytes(self) -> int:
+        """The bucket size in bytes (the cost model's choice after the first pass if auto)."""
+        return self.sync.bucket_bytes
+
+    @property
+    def bucket_plan(self) -> str:
+        """Which bucket size is used and why."""
+        return self.sync.plan
+
+    @property
+    def overlap(self) -> bool:
+        """Whether buckets are reduced on a communication thread during the pass."""
+        return self.sync.overlap
+
+    @property
+    def comm_seconds(self) -> float:
+        """Seconds waited for the gradients' communication after the backward passes."""
+        return self.sync.comm_seconds
 
     # ---- the module's face ------------------------------------------------------------
 
@@ -170,10 +175,8 @@ class DataParallel:
 
     def free(self) -> None:
         """Stop the communication thread, remove the hooks, free the communicators."""
-        if self._reducer is not None:
-            self._reducer.work.put(None)
-            self._reducer.join()
-            self._reducer = None
+        if getattr(self, "sync", None) is not None:
+            self.sync.close()
         for hook in getattr(self, "_hooks", []):
             hook.remove()
         self._hooks = []
@@ -230,49 +233,22 @@ class DataParallel:
         if not self._in_pass:
             self._in_pass = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
-            self._began = time.perf_counter()
-        bucket, slot = self._where[id(param)]
-        if bucket.filled[slot]:  # a second backward through the same graph: sum them
+        if self.sync.filled(param):  # a second backward through the same graph: sum them
             return
-        if self._timeline is not None:
-            self._timeline[self._produced[id(param)]] = time.perf_counter() - self._began
-        bucket.put(slot, param.grad)
-        self._send_ready()
-
-    def _send_ready(self) -> None:
-        while self._next < len(self.buckets) and self.buckets[self._next].missing == 0:
-            if self._reducer is not None:
-                self._reducer.work.put(self.buckets[self._next])
-            self._next += 1
+        self.sync.put(param, param.grad)
 
     def _finish(self) -> None:
         """The end of the backward pass: send the rest, wait, write the averages back."""
         try:
-            ended = time.perf_counter()
-            for bucket in self.buckets:
-                if bucket.missing:
-                    bucket.zero_missing()
-            self._send_ready()
-            for bucket in self.buckets:
-                if self._reducer is None:
-                    reduce_bucket(bucket, self.hierarchy, self.algorithm)
-                bucket.done.wait()
-            self.comm_seconds += time.perf_counter() - ended
-            errors = [b.error for b in self.buckets if b.error is not None]
-            if errors:
-                raise errors[0]
+            self.sync.complete()
             self._write_back()
-            if self._timeline is not None:
-                self._choose_buckets(ended - self._began)
         finally:
             self._in_pass = False
-            self._next = 0
-            for bucket in self.buckets:
-                bucket.reset()
+            self.sync.reset()
 
     def _write_back(self) -> None:
         with torch.no_grad():
-            for bucket in self.buckets:
+            for bucket in self.sync.buckets:
                 total = bucket.offsets[-1]
                 bucket.flat[:total].div_(self.size)
                 used = bucket.flat[total:].tolist()
@@ -285,60 +261,6 @@ class DataParallel:
                         p.grad = mean.clone()
                     else:
                         p.grad.copy_(mean)
-
-    def _choose_buckets(self, end: float) -> None:
-        """Replay the recorded pass through the cost model; use the best bucket size."""
-        from mpi4py import MPI
-
-        from hpcpar.collectives.cost.explain import plan_for
-        from hpcpar.collectives.tally import Layout
-
-        assert self._timeline is not None
-        # each gradient at the latest share of the pass at which a rank had it, times
-        # the slowest rank's pass (identical on every rank, so is the choice); a
-        # parameter this pass did not use counts as ready at the end
-        end = max(end, 1e-9)
-        when = np.array([min(t, end) / end if t > 0 else 1.0 for t in self._timeline] + [end])
-        self._own.Allreduce(MPI.IN_PLACE, when, op=MPI.MAX)
-        when[:-1] *= when[-1]
-        self._timeline = None
-        order = list(reversed(self._trained))
-        nbytes = [p.numel() * p.element_size() for p in order]
-        itemsize = order[0].element_size()
-        layout = Layout(tuple(self.hierarchy.node_of))
-        cached: dict[int, float] = {}
-
-        def cost(n: int) -> float:
-            if n not in cached:
-                plan = plan_for("allreduce", n, layout, itemsize=itemsize)
-                name = plan.algorithm if self.algorithm == "auto" else self.algorithm
-                cached[n] = next(
-                    (q.seconds for q in plan.ranking if q.algorithm == name), plan.predicted_s
-                )
-            return cached[n]
-
-        kinds = [(p.dtype, p.device) for p in order]
-        limit, exposed, every = plan_buckets(
-            nbytes,
-            when[:-1].tolist(),
-            float(when[-1]),
-            cost,
-            overlap=self._reducer is not None,
-            kinds=kinds,
-        )
-        self.bucket_bytes = limit
-        self._set_buckets(limit)
-        one = every[CANDIDATES[-1]]
-        shape = (
-            f"{len(self.buckets)} buckets of about {limit / MIB:g} MiB"
-            if len(self.buckets) > 1
-            else "one bucket"
-        )
-        where = "buckets reduced during the pass" if self._reducer else "all after the pass"
-        self.bucket_plan = (
-            f"auto: {shape}; predicted communication after a {1e3 * float(when[-1]):.1f} ms "
-            f"backward pass {1e3 * exposed:.2f} ms (one bucket: {1e3 * one:.2f} ms; {where})"
-        )
 
 
 def check_dtypes(module: Any) -> None:
@@ -353,20 +275,6 @@ def check_dtypes(module: Any) -> None:
                 "hpcpar's collectives cannot reduce (numpy has no such type); train in "
                 "float32 or float16"
             ) from None
-
-
-def spare_core(comm: Any) -> bool:
-    """Whether this host has more usable cores than ranks of ``comm`` (collective)."""
-    from mpi4py import MPI
-
-    from hpcpar.runtime.env import usable_cores
-
-    host = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        ranks = host.Get_size()
-    finally:
-        host.Free()
-    return bool(comm.allreduce(int(usable_cores() > ranks), op=MPI.MIN))
 
 
 def describe_param(entry: tuple[str, tuple[int, ...], str] | None) -> str:

@@ -6,8 +6,9 @@ from typing import Any
 
 import torch
 
+from hpcpar.gradients import as_array
+
 from ..models import SgdError
-from .buckets import as_array
 from .data_parallel import DataParallel
 
 __all__ = ["LocalSGD"]
