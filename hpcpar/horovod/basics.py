@@ -9,12 +9,14 @@ same local rank on every node (Horovod's cross communicator, hpcpar's rail).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from mpi4py import MPI
 
 from ..topology import Hierarchy
+from . import environment, timeline
 
 __all__ = [
     "Average",
@@ -146,6 +148,7 @@ def init(
     global _STATE
     if _STATE is not None:
         return
+    environment.check(MPI.COMM_WORLD.Get_rank())
     if comm is None:
         base = MPI.COMM_WORLD.Dup()
     elif isinstance(comm, MPI.Comm):
@@ -171,13 +174,27 @@ def init(
                 f"{number} is a duplicate: {process_set}"
             )
         add_process_set(process_set)
+    _stall_watchdog()
+    timeline.start_from_env()
+
+
+def _stall_watchdog() -> None:
+    """``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` as hpcpar's watchdog (unless one runs)."""
+    from ..runtime import watchdog
+
+    seconds = os.environ.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "").strip()
+    if not seconds or float(seconds) == 0 or os.environ.get("HPCPAR_WATCHDOG"):
+        return
+    os.environ["HPCPAR_WATCHDOG"] = seconds
+    watchdog.start_from_env(state().comm)
 
 
 def shutdown() -> None:
-    """Stop Horovod: free its communicators (``init`` may be called again)."""
+    """Stop Horovod: write the timeline if one runs, free its communicators."""
     global _STATE
     if _STATE is None:
         return
+    timeline.stop_timeline()
     for number, (process_set, sub) in list(_STATE.sets.items()):
         if number != 0:
             process_set.process_set_id = None

@@ -19,6 +19,7 @@ plain dictionaries for reports and traces; nothing here talks to other ranks.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -47,8 +48,9 @@ __all__ = [
     "CALLS",
 ]
 
-# HPCPAR_TRACE (hpcpar.runtime.trace): every call its own entry, many more kept
-TRACING = bool(settings.value("HPCPAR_TRACE"))
+# HPCPAR_TRACE (hpcpar.runtime.trace): every call its own entry, many more kept; so
+# with HOROVOD_TIMELINE, whose timeline (hpcpar.horovod.timeline) is drawn from this record
+TRACING = bool(settings.value("HPCPAR_TRACE") or os.environ.get("HOROVOD_TIMELINE"))
 SLOTS = 1 << 16 if TRACING else 512  # entries kept per rank (a power of two)
 _MASK = SLOTS - 1
 

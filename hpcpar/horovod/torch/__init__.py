@@ -5,7 +5,8 @@ Names, signatures, defaults and semantics are Horovod's (``horovod.torch``, rele
 a collective runs as hpcpar's (the cost model's algorithm on the node hierarchy, the
 mismatch guard, the flight record and the watchdog). An ``*_async`` call returns an
 integer handle for ``poll``/``synchronize``, as in Horovod. What is not here yet is
-listed in docs/horovod.md.
+listed in docs/horovod.md. ``DistributedOptimizer`` reduces gradients in hpcpar's
+buckets (``hpcpar.gradients``) during the backward pass.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from ..basics import (
     shutdown,
     size,
 )
+from ..timeline import start_timeline, stop_timeline
 from .compression import Compression
 from .functions import (
     allgather_object,
@@ -73,11 +75,13 @@ from .mpi_ops import (
     reducescatter_async,
     synchronize,
 )
+from .optimizer import DistributedOptimizer
 
 __all__ = [
     "Adasum",
     "Average",
     "Compression",
+    "DistributedOptimizer",
     "HorovodInternalError",
     "Max",
     "Min",
@@ -131,5 +135,7 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "start_timeline",
+    "stop_timeline",
     "synchronize",
 ]
