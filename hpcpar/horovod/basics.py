@@ -33,6 +33,8 @@ __all__ = [
     "init",
     "shutdown",
     "is_initialized",
+    "start_timeline",
+    "stop_timeline",
     "size",
     "rank",
     "local_size",
@@ -123,6 +125,9 @@ class _State:
     def __init__(self, comm: Any) -> None:
         self.comm = comm
         self.hierarchy = Hierarchy(comm)
+        self.control = comm.Dup()  # join's control rounds (hpcpar.horovod.torch.join)
+        self.optimizers: list[Any] = []  # weak references, in creation order
+        self.rounds = 0
         self.sets: dict[int, tuple[ProcessSet, Hierarchy | None]] = {}
         self.next_id = 1
 
@@ -194,7 +199,7 @@ def shutdown() -> None:
     global _STATE
     if _STATE is None:
         return
-    timeline.stop_timeline()
+    timeline.stop(_STATE.comm)
     for number, (process_set, sub) in list(_STATE.sets.items()):
         if number != 0:
             process_set.process_set_id = None
@@ -202,9 +207,24 @@ def shutdown() -> None:
                 sub.free()
                 sub.comm.Free()
     _STATE.hierarchy.free()
+    _STATE.control.Free()
     _STATE.comm.Free()
     global_process_set.ranks, global_process_set.mpi_comm = [], None
     _STATE = None
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Record every rank's collectives from now on; rank 0 writes ``file_path`` at stop.
+
+    ``mark_cycles`` is accepted for Horovod's signature (there are no cycles here).
+    """
+    state()
+    timeline.start(file_path)
+
+
+def stop_timeline() -> None:
+    """Write the timeline started by ``start_timeline`` (collective; rank 0 writes)."""
+    timeline.stop(state().comm)
 
 
 def is_initialized() -> bool:

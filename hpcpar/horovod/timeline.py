@@ -16,16 +16,13 @@ import os
 import time
 from typing import Any
 
-__all__ = ["start_timeline", "stop_timeline", "start_from_env"]
+__all__ = ["start", "stop", "start_from_env"]
 
 _ACTIVE: dict[str, Any] = {}
 
 
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+def start(file_path: str) -> None:
     """Record the collectives from now on for ``file_path`` (written by rank 0)."""
-    from . import basics
-
-    basics.state()
     if not isinstance(file_path, str) or not file_path:
         raise ValueError(f"start_timeline needs a file path, not {file_path!r}")
     _ACTIVE.update(path=file_path, since=time.time())
@@ -35,23 +32,21 @@ def start_from_env() -> None:
     """``start_timeline(HOROVOD_TIMELINE)`` when the variable names a file."""
     path = os.environ.get("HOROVOD_TIMELINE", "").strip()
     if path and path != "DYNAMIC":
-        start_timeline(path)
+        start(path)
 
 
-def stop_timeline() -> None:
-    """Gather every rank's calls since ``start_timeline``; rank 0 writes the file."""
+def stop(comm: Any) -> None:
+    """Gather every rank of ``comm``'s calls since ``start``; rank 0 writes the file."""
     from ..runtime import flight, trace
-    from . import basics
 
-    st = basics.state()
     if not _ACTIVE:
         return
     since = _ACTIVE["since"]
     path = _ACTIVE.pop("path")
     _ACTIVE.clear()
     mine = [e for e in flight.snapshot() if e["start"] is not None and e["start"] >= since]
-    every = st.comm.gather(mine, root=0)
-    if st.comm.Get_rank() == 0:
+    every = comm.gather(mine, root=0)
+    if comm.Get_rank() == 0:
         events = trace.chrome_trace(dict(enumerate(every)))
         partial = f"{path}.tmp{os.getpid()}"
         with open(partial, "w") as f:

@@ -43,8 +43,9 @@ from ..basics import (
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
-from ..timeline import start_timeline, stop_timeline
 from .compression import Compression
 from .functions import (
     allgather_object,
@@ -52,6 +53,16 @@ from .functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from .grouped import (
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    reducescatter,
+    reducescatter_async,
+    sparse_allreduce_async,
+)
+from .join import join
 from .mpi_ops import (
     allgather,
     allgather_async,
@@ -71,11 +82,10 @@ from .mpi_ops import (
     grouped_allreduce_async,
     grouped_allreduce_async_,
     poll,
-    reducescatter,
-    reducescatter_async,
     synchronize,
 )
 from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum",
@@ -88,6 +98,7 @@ __all__ = [
     "Product",
     "ProcessSet",
     "Sum",
+    "SyncBatchNorm",
     "add_process_set",
     "allgather",
     "allgather_async",
@@ -114,11 +125,16 @@ __all__ = [
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
+    "grouped_allgather",
+    "grouped_allgather_async",
     "grouped_allreduce",
     "grouped_allreduce_",
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
     "init",
+    "join",
     "is_homogeneous",
     "is_initialized",
     "local_rank",
@@ -135,6 +151,7 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",

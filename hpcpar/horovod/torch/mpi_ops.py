@@ -7,15 +7,13 @@ call returns an integer handle for ``poll``/``synchronize``.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from ... import collectives as hc
-from ...collectives.errors import CollectiveError
 from ..basics import (
     Average,
     HorovodInternalError,
@@ -25,6 +23,7 @@ from ..basics import (
     rank,
 )
 from .compression import Compression
+from .handles import new_handle, poll, synchronize
 from .tensors import ANY, MPI_OPS, array, op_of, scale, set_rank, target, wrap
 
 __all__ = [
@@ -46,54 +45,8 @@ __all__ = [
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
     "poll",
-    "reducescatter",
-    "reducescatter_async",
     "synchronize",
 ]
-
-# ---- handles -------------------------------------------------------------------------
-
-
-class _Pending:
-    """A started collective: hpcpar's requests and what makes the result of them."""
-
-    def __init__(self, requests: list[Any], finish: Callable[[], Any]) -> None:
-        self.requests, self.finish = requests, finish
-
-
-_HANDLES: dict[int, _Pending] = {}
-_NEXT = itertools.count(1)
-
-
-def _handle(requests: list[Any], finish: Callable[[], Any]) -> int:
-    handle = next(_NEXT)
-    _HANDLES[handle] = _Pending(requests, finish)
-    return handle
-
-
-def poll(handle: int) -> bool:
-    """Whether the collective of ``handle`` is done (``synchronize`` then returns at once)."""
-    pending = _HANDLES.get(handle)
-    if pending is None:
-        return True
-    try:
-        return all(r.test() for r in pending.requests)
-    except CollectiveError as exc:
-        raise HorovodInternalError(str(exc)) from None
-
-
-def synchronize(handle: int) -> Any:
-    """Wait for the collective of ``handle`` and return its output (None if unknown)."""
-    pending = _HANDLES.pop(handle, None)
-    if pending is None:
-        return None
-    try:
-        for request in pending.requests:
-            request.wait()
-    except CollectiveError as exc:
-        raise HorovodInternalError(str(exc)) from None
-    return pending.finish()
-
 
 # ---- allreduce -----------------------------------------------------------------------
 
@@ -119,7 +72,7 @@ def _allreduce_async(
         scale(a, post)
         return output
 
-    return _handle([request], finish)
+    return new_handle([request], finish)
 
 
 def _allreduce_now(
@@ -278,7 +231,7 @@ def _grouped_async(
                 at += n
         return outputs
 
-    return _handle(requests, finish)
+    return new_handle(requests, finish)
 
 
 def grouped_allreduce_async(
@@ -381,7 +334,7 @@ def allgather_async(
     flat = array(out, ANY).reshape(-1)
     counts = (rows * row).tolist()
     request = wrap(lambda: hc.iallgather(a.reshape(-1), out=flat, counts=counts, comm=comm))
-    return _handle([request], lambda: out)
+    return new_handle([request], lambda: out)
 
 
 class _Allgather(torch.autograd.Function):
@@ -422,7 +375,7 @@ def _broadcast_async(
             output.copy_(tensor)
     a = array(output, ANY)
     request = wrap(lambda: hc.ibcast(a, root, comm=comm))
-    return _handle([request], lambda: output)
+    return new_handle([request], lambda: output)
 
 
 def broadcast_async(
@@ -486,7 +439,7 @@ def broadcast_(
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
-# ---- alltoall and reducescatter ------------------------------------------------------
+# ---- alltoall ------------------------------------------------------------------------
 
 
 def alltoall_async(
@@ -525,7 +478,7 @@ def alltoall_async(
         out = torch.from_numpy(np.ascontiguousarray(received)).reshape(sum(got), *tensor.shape[1:])
         return out, torch.tensor(got, dtype=torch.int32)
 
-    return _handle([request], finish)
+    return new_handle([request], finish)
 
 
 def alltoall(
@@ -537,61 +490,6 @@ def alltoall(
     """``alltoall_async`` and wait: ``output``, or ``(output, received_splits)`` with splits."""
     output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
     return output if splits is None else (output, received)
-
-
-def reducescatter_async(
-    tensor: torch.Tensor,
-    name: str | None = None,
-    op: int = Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> int:
-    """Start reducing ``tensor`` and giving process i its block of the first dimension.
-
-    Blocks as Horovod splits them: ``n // p`` rows each, the first ``n % p`` one more.
-    """
-    op = op_of(op, None)
-    comm = target(process_set)
-    p, me = comm.size, comm.rank
-    if tensor.dim() == 0:
-        raise ValueError("reducescatter needs a tensor of at least one dimension")
-    n = tensor.shape[0]
-    rows = [n // p + (1 if i < n % p else 0) for i in range(p)]
-    row = int(np.prod(tensor.shape[1:], dtype=np.int64))
-    x = array(tensor).reshape(-1).copy()
-    scale(x, prescale_factor)
-    out = torch.empty((rows[me], *tensor.shape[1:]), dtype=tensor.dtype)
-    flat = array(out).reshape(-1)
-    post = postscale_factor / p if op == Average else postscale_factor
-    request = wrap(
-        lambda: hc.ireduce_scatter(
-            x, MPI_OPS[op], counts=[r * row for r in rows], out=flat, comm=comm
-        )
-    )
-
-    def finish() -> torch.Tensor:
-        scale(flat, post)
-        return out
-
-    return _handle([request], finish)
-
-
-def reducescatter(
-    tensor: torch.Tensor,
-    name: str | None = None,
-    compression: Any = Compression.none,
-    op: int = Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> torch.Tensor:
-    """Reduce ``tensor`` over the processes and return this process's block of rows."""
-    compressed, ctx = compression.compress(tensor)
-    out = synchronize(
-        reducescatter_async(compressed, name, op, process_set, prescale_factor, postscale_factor)
-    )
-    return compression.decompress(out, ctx)
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:

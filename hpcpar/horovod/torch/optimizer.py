@@ -13,6 +13,7 @@ ranks' passes produce gradients in, so no names need to be negotiated.
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,6 +27,7 @@ from .. import basics
 from ..basics import Adasum, Average, ProcessSet, global_process_set, size
 from ..environment import allreduce_algorithm, flag, fusion_threshold
 from .compression import Compression
+from .join import control_round
 from .tensors import MPI_OPS, op_of, scale
 
 __all__ = ["DistributedOptimizer"]
@@ -148,6 +150,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"HOROVOD_FUSION_THRESHOLD={threshold}: {len(self._sync.buckets)} bucket(s) "
                 f"of at most about {threshold / MIB:g} MiB"
             )
+        self._join_id: int | None = None
+        if self.process_set == global_process_set:
+            st = basics.state()
+            self._join_id = len(st.optimizers)
+            st.optimizers.append(weakref.ref(self))
         if size() > 1:
             self._hooks = [
                 p.register_post_accumulate_grad_hook(_DistributedOptimizer._make_hook(self, p))
@@ -210,6 +217,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         sync = self._sync
         try:
+            if self._join_id is not None and size() > 1:
+                control_round(self._join_id, bool(self._sparse))
             for p in self._requires_update:
                 if not sync.filled(p) and id(p) not in self._sparse:
                     _DistributedOptimizer._put(self, p)
@@ -249,19 +258,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _sparse_reduce(self, p: Any, grad: Any) -> None:
         """Horovod's sparse allreduce: every rank's indices and values, gathered."""
-        from .mpi_ops import allgather
+        from .grouped import sparse_allreduce_async
 
-        grad = grad.coalesce()
-        indices = allgather(
-            grad._indices().transpose(0, 1).contiguous(), process_set=self.process_set
-        )
-        values = allgather(grad._values().contiguous(), process_set=self.process_set)
-        if self.op == Average:
-            values = values / self.process_set.size()
-        total = torch.sparse_coo_tensor(
-            indices.transpose(0, 1), values, grad.size(), check_invariants=True
-        )
+        total = sparse_allreduce_async(grad, "", self.op, self.process_set)()
         p.grad.zero_().add_(total)
+
+    def _serve_joined(self) -> None:
+        """A joined rank's part in another rank's step: zeros for every gradient."""
+        assert self._sync is not None
+        try:
+            self._sync.complete()
+        finally:
+            self._sync.reset()
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
