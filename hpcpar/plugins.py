@@ -44,6 +44,7 @@ CORE_MODULES = (
     "hpcpar.cli.info",
     "hpcpar.cli.demo",
     "hpcpar.cli.launch",
+    "hpcpar.cli.horovodrun",
     "hpcpar.cli.explain",
     "hpcpar.cli.calibrate",
     "hpcpar.cli.simulate",

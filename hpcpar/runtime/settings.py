@@ -308,6 +308,16 @@ TABLE: tuple[Setting, ...] = (
         "where `vcluster` keeps its state and launcher wrapper",
     ),
     Setting(
+        "HPCPAR_ELASTIC_DIR",
+        "path",
+        None,
+        CALL,
+        False,
+        "a folder: `hvd.elastic` state commits are checkpointed there, and "
+        "`hvd.elastic.run` resumes from the newest, at any rank count "
+        "([Horovod scripts](horovod.md#elastic))",
+    ),
+    Setting(
         "HPCPAR_CHECKPOINT_FAULT",
         "text",
         None,

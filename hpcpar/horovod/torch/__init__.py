@@ -46,6 +46,7 @@ from ..basics import (
     start_timeline,
     stop_timeline,
 )
+from . import elastic
 from .compression import Compression
 from .functions import (
     allgather_object,
@@ -122,6 +123,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
