@@ -60,6 +60,7 @@ class Bucket:
         self.missing = len(params)
         self.done = threading.Event()
         self.error: BaseException | None = None
+        self.seconds = 0.0  # the last reduction's time, from its start to its end
 
     def reset(self) -> None:
         """Empty the bucket for the next pass."""
@@ -135,6 +136,7 @@ def reduce_bucket(
     import hpcpar
 
     op = MPI.SUM if op is None else op
+    began = time.perf_counter()
     try:
         if bucket.flat.is_cuda:  # the copies into the bucket ran on the current stream
             torch.cuda.current_stream(bucket.flat.device).synchronize()
@@ -152,6 +154,7 @@ def reduce_bucket(
     except BaseException as exc:  # handed to the thread that waits
         bucket.error = exc
     finally:
+        bucket.seconds = time.perf_counter() - began
         bucket.done.set()
 
 
@@ -304,6 +307,8 @@ class GradientSync:
         self._timeline: list[float] | None = [0.0] * len(params) if auto else None
         self._produced = {id(p): i for i, p in enumerate(reversed(params))}
         self.comm_seconds = 0.0  # waited for the communication after the passes
+        self.reduce_seconds = 0.0  # the buckets' reductions, start to end, summed
+        self.passes = 0
         self.began: float | None = None
         self._next = 0
         self._reducer: Reducer | None = None
@@ -355,6 +360,8 @@ class GradientSync:
                 reduce_bucket(bucket, self.hierarchy, self.algorithm, op=self.op)
             bucket.done.wait()
         self.comm_seconds += time.perf_counter() - ended
+        self.reduce_seconds += sum(b.seconds for b in self.buckets)
+        self.passes += 1
         errors = [b.error for b in self.buckets if b.error is not None]
         if errors:
             raise errors[0]

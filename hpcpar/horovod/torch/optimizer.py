@@ -328,6 +328,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Which bucket size the gradients use and why (``hpcpar.gradients``)."""
         return self._sync.plan if self._sync is not None else "no gradients reduced here"
 
+    @property
+    def communication(self) -> dict[str, float]:
+        """This rank's gradient communication so far, in seconds.
+
+        ``steps``; ``reduce_s``: the buckets' reductions, each from its start to its
+        end, summed; ``exposed_s``: what ``step()`` waited for them after the
+        backward passes; ``hidden_s``: the difference, which the passes hid.
+        """
+        sync = self._sync
+        if sync is None:
+            return {"steps": 0, "reduce_s": 0.0, "exposed_s": 0.0, "hidden_s": 0.0}
+        return {
+            "steps": sync.passes,
+            "reduce_s": sync.reduce_seconds,
+            "exposed_s": sync.comm_seconds,
+            "hidden_s": max(0.0, sync.reduce_seconds - sync.comm_seconds),
+        }
+
     def __del__(self) -> None:
         sync = getattr(self, "_sync", None)
         if sync is not None:
