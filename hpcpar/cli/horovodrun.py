@@ -36,61 +36,88 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "(hpcpar launch: mpiexec, or srun inside a Slurm allocation)."
     )
     parser.add_argument(
-        "-np", "--num-proc", dest="np", type=integer(1, 1 << 20), required=True,
-        metavar="N", help="number of processes",
-    )  # fmt: skip
+        "-np",
+        "--num-proc",
+        dest="np",
+        type=integer(1, 1 << 20),
+        required=True,
+        metavar="N",
+        help="number of processes",
+    )
     parser.add_argument(
-        "-H", "--hosts", default=None, metavar="HOSTS",
+        "-H",
+        "--hosts",
+        default=None,
+        metavar="HOSTS",
         help="host:slots,... (default: this host)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--hostfile", default=None, metavar="FILE",
+        "--hostfile",
+        default=None,
+        metavar="FILE",
         help="a file of lines 'host slots=N' (or host:N)",
-    )  # fmt: skip
+    )
     parser.add_argument("--mpi", action="store_true", help="run over MPI (the only way here)")
     parser.add_argument("--gloo", action="store_true", help="refused: the job runs over MPI")
     parser.add_argument(
-        "--fusion-threshold-mb", type=real(0), default=None, metavar="MB",
+        "--fusion-threshold-mb",
+        type=real(0),
+        default=None,
+        metavar="MB",
         help="gradient bucket size in MiB (HOROVOD_FUSION_THRESHOLD)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--cycle-time-ms", type=real(0), default=None, metavar="MS",
+        "--cycle-time-ms",
+        type=real(0),
+        default=None,
+        metavar="MS",
         help="HOROVOD_CYCLE_TIME (no effect here: named in a warning)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--cache-capacity", type=integer(0, 1 << 30), default=None, metavar="N",
+        "--cache-capacity",
+        type=integer(0, 1 << 30),
+        default=None,
+        metavar="N",
         help="HOROVOD_CACHE_CAPACITY (no effect here: named in a warning)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--hierarchical-allreduce", action="store_true",
+        "--hierarchical-allreduce",
+        action="store_true",
         help="hpcpar's two_level allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE=1)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--autotune", action="store_true",
+        "--autotune",
+        action="store_true",
         help="bucket size from the cost model (HOROVOD_AUTOTUNE=1; also the default)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--timeline-filename", default=None, metavar="FILE",
+        "--timeline-filename",
+        default=None,
+        metavar="FILE",
         help="Chrome-trace timeline written by rank 0 (HOROVOD_TIMELINE)",
-    )  # fmt: skip
+    )
+    parser.add_argument("--log-level", default=None, metavar="LEVEL", help="HOROVOD_LOG_LEVEL")
     parser.add_argument(
-        "--log-level", default=None, metavar="LEVEL", help="HOROVOD_LOG_LEVEL"
-    )  # fmt: skip
-    parser.add_argument(
-        "--start-timeout", type=real(0, above=True), default=None, metavar="S",
+        "--start-timeout",
+        type=real(0, above=True),
+        default=None,
+        metavar="S",
         help="accepted for Horovod's command line (hpcpar launch starts the ranks at once)",
-    )  # fmt: skip
+    )
     parser.add_argument("--verbose", action="store_true", help="print the hpcpar launch plan")
     parser.add_argument(
-        "--layout", default=None, metavar="L",
+        "--layout",
+        default=None,
+        metavar="L",
         help="hpcpar's virtual node layout (ppn:K, nodes:A,B,... or roundrobin:K)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--dry-run", action="store_true", help="print the command and environment, run nothing"
     )
     for refused in ("--min-np", "--max-np", "--host-discovery-script", "-p", "--ssh-port"):
-        parser.add_argument(refused, dest=f"refused_{refused.strip('-')}", default=None,
-                            help=argparse.SUPPRESS)  # fmt: skip
+        parser.add_argument(
+            refused, dest=f"refused_{refused.strip('-')}", default=None, help=argparse.SUPPRESS
+        )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="what every process runs")
 
 

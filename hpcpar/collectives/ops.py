@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,28 @@ def _ufunc(func: np.ufunc) -> Callable[[np.ndarray, np.ndarray, np.ndarray], Non
         func(a, b, out=out)
 
     return combine
+
+
+def _half_sum(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """float16 ``a + b`` into ``out``.
+
+    With torch's vectorised kernel when the program has loaded torch (numpy's float16
+    arithmetic converts one element at a time), else numpy's; the same sums either way.
+    """
+    torch = sys.modules.get("torch")
+    if (
+        torch is not None
+        and a.flags.c_contiguous
+        and b.flags.c_contiguous
+        and out.flags.c_contiguous
+        and a.flags.writeable
+        and b.flags.writeable
+        and out.flags.writeable
+    ):
+        t = torch.from_numpy
+        torch.add(t(a.reshape(-1)), t(b.reshape(-1)), out=t(out.reshape(-1)))
+    else:
+        np.add(a, b, out=out)
 
 
 _BITWISE = {"BAND", "BOR", "BXOR"}
@@ -128,6 +151,8 @@ def make_op(op: Any, dtype: np.dtype, *, commutative: bool | None = None) -> Red
         func, logical = _MPI_OPS[name]
         _check_dtype(name, dtype)
         combine = _logical(func) if logical else _ufunc(func)
+        if name == "SUM" and dtype == np.float16:
+            combine = _half_sum
         return ReduceOp(name, combine, True if commutative is None else commutative, op, op)
     if isinstance(op, np.ufunc):
         if op.nin != 2:

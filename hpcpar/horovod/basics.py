@@ -76,6 +76,7 @@ class ProcessSet:
     def __init__(self, ranks_or_comm: Sequence[int] | Any) -> None:
         self.process_set_id: int | None = None
         self.mpi_comm: Any = None
+        self.hierarchy: Hierarchy | None = None  # set_comm's answer, kept while registered
         if isinstance(ranks_or_comm, MPI.Comm):
             self.mpi_comm = ranks_or_comm
             self.ranks: list[int] | None = None
@@ -201,6 +202,7 @@ def shutdown() -> None:
         return
     timeline.stop(_STATE.comm)
     for number, (process_set, sub) in list(_STATE.sets.items()):
+        process_set.hierarchy = None
         if number != 0:
             process_set.process_set_id = None
             if sub is not None:
@@ -365,7 +367,8 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     st = state()
     if process_set.process_set_id in (None, 0) or process_set.process_set_id not in st.sets:
         return False
-    _, sub = st.sets.pop(process_set.process_set_id)
+    known, sub = st.sets.pop(process_set.process_set_id)
+    known.hierarchy = process_set.hierarchy = None
     if sub is not None:
         sub.free()
         sub.comm.Free()
@@ -388,4 +391,6 @@ def set_comm(process_set: ProcessSet) -> Hierarchy:
         raise ValueError(
             f"rank {rank()} is not in process set {process_set.ranks}: only its ranks may call this"
         )
+    if found[0] is process_set:
+        process_set.hierarchy = found[1]
     return found[1]

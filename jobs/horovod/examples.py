@@ -27,11 +27,20 @@ import numpy as np
 
 EXAMPLES = {
     "pytorch_synthetic_benchmark.py": [
-        "--no-cuda", "--model", "resnet18", "--batch-size", "8",
-        "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2",
+        "--no-cuda",
+        "--model",
+        "resnet18",
+        "--batch-size",
+        "8",
+        "--num-warmup-batches",
+        "1",
+        "--num-batches-per-iter",
+        "2",
+        "--num-iters",
+        "2",
     ],
     "pytorch_mnist.py": ["--no-cuda", "--epochs", "1", "--batch-size", "64"],
-}  # fmt: skip
+}
 CHANGED = {
     "import horovod.torch as hvd\n": "import hpcpar.horovod.torch as hvd\n",
     "import horovod\n": "import hpcpar.horovod as horovod\n",
@@ -49,8 +58,10 @@ def read_example(horovod: Path, name: str) -> str:
         return path.read_text()
     return subprocess.run(
         ["git", f"--git-dir={horovod}", "show", f"HEAD:examples/pytorch/{name}"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 def commit_of(horovod: Path) -> str:

@@ -31,9 +31,14 @@ def _params(path):
 def test_killed_at_four_ranks_resumes_at_two_and_three(tmp_path):
     ck = tmp_path / "ck"
     killed = launch(
-        4, sys.executable, JOB, str(tmp_path / "killed.json"), str(STEPS), str(KILL_AT),
+        4,
+        sys.executable,
+        JOB,
+        str(tmp_path / "killed.json"),
+        str(STEPS),
+        str(KILL_AT),
         env=clean_env(HPCPAR_ELASTIC_DIR=str(ck)),
-    )  # fmt: skip
+    )
     assert killed.returncode != 0 and not (tmp_path / "killed.json").exists()
     reference = launch(1, sys.executable, JOB, str(tmp_path / "ref.json"), str(STEPS))
     assert reference.returncode == 0, reference.stderr
@@ -43,9 +48,13 @@ def test_killed_at_four_ranks_resumes_at_two_and_three(tmp_path):
         shutil.copytree(ck, copy)
         out = tmp_path / f"resumed{ranks}.json"
         again = launch(
-            ranks, sys.executable, JOB, str(out), str(STEPS),
+            ranks,
+            sys.executable,
+            JOB,
+            str(out),
+            str(STEPS),
             env=clean_env(HPCPAR_ELASTIC_DIR=str(copy)),
-        )  # fmt: skip
+        )
         assert again.returncode == 0, again.stderr
         # resumed from commit KILL_AT: the steps after it only
         assert json.loads(out.read_text())["commits"] == STEPS

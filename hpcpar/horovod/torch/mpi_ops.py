@@ -14,6 +14,8 @@ import numpy as np
 import torch
 
 from ... import collectives as hc
+from ...collectives.errors import CollectiveError
+from ...collectives.fastpath import fast_allreduce
 from ..basics import (
     Average,
     HorovodInternalError,
@@ -77,22 +79,37 @@ def _allreduce_async(
 
 def _allreduce_now(
     tensor: torch.Tensor,
-    output: torch.Tensor,
+    output: torch.Tensor | None,
     op: int,
     prescale_factor: float,
     postscale_factor: float,
     process_set: ProcessSet,
 ) -> torch.Tensor:
-    """The blocking allreduce (hpcpar's fast path for small calls); returns ``output``."""
+    """The blocking allreduce (hpcpar's fast path for small calls).
+
+    ``output``: the tensor to write (``tensor`` itself for in place), or None for a new
+    one; returns it.
+    """
     comm = target(process_set)
     a = array(tensor)
-    out = a if output is tensor else array(output)
+    if output is tensor:
+        out = a
+    elif output is None:
+        out = np.empty_like(a)
+        output = torch.from_numpy(out)
+    else:
+        out = array(output)
     if prescale_factor != 1.0:
         if out is not a:
             np.copyto(out, a)
         scale(out, prescale_factor)
         a = out
-    wrap(lambda: hc.allreduce(a, MPI_OPS[op], out=out, comm=comm))
+    mpi_op = MPI_OPS[op]
+    try:  # hpcpar.allreduce's own first step, then the rest of it
+        if fast_allreduce(a, mpi_op, out, comm, "auto") is None:
+            hc.allreduce(a, mpi_op, out=out, comm=comm)
+    except CollectiveError as exc:
+        raise HorovodInternalError(str(exc)) from None
     scale(out, postscale_factor / comm.size if op == Average else postscale_factor)
     return output
 
@@ -146,8 +163,7 @@ class _Allreduce(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.op, ctx.process_set = op, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        out = torch.empty_like(tensor)
-        return _allreduce_now(tensor, out, op, prescale_factor, postscale_factor, process_set)
+        return _allreduce_now(tensor, None, op, prescale_factor, postscale_factor, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
@@ -177,13 +193,14 @@ def allreduce(
     ``compression`` (``Compression.fp16``) sends floating-point tensors as float16.
     """
     op = op_of(op, average)
+    if compression is Compression.none and not tensor.requires_grad:
+        return _allreduce_now(tensor, None, op, prescale_factor, postscale_factor, process_set)
     compressed, ctx = compression.compress(tensor)
     if compressed.requires_grad:
         reduced = _Allreduce.apply(compressed, op, prescale_factor, postscale_factor, process_set)
     else:
-        out = torch.empty_like(compressed)
         reduced = _allreduce_now(
-            compressed, out, op, prescale_factor, postscale_factor, process_set
+            compressed, None, op, prescale_factor, postscale_factor, process_set
         )
     return compression.decompress(reduced, ctx)
 

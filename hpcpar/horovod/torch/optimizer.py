@@ -248,11 +248,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     if id(p) in self._sparse:
                         continue
                     a, b = bucket.offsets[slot], bucket.offsets[slot + 1]
-                    out = self._compression.decompress(
-                        bucket.flat[a:b].view(p.shape), self._ctx.get(id(p))
-                    )
+                    view = bucket.flat[a:b].view(p.shape)
+                    out = self._compression.decompress(view, self._ctx.get(id(p)))
                     if p.grad.is_sparse:
                         p.grad.zero_().add_(out.to(p.grad.dtype).to_sparse())
+                    elif out.data_ptr() == view.data_ptr() and out.dtype == p.dtype:
+                        p.grad = out  # the bucket's memory, as DDP's gradient_as_bucket_view
                     else:
                         p.grad.copy_(out)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -28,15 +29,24 @@ NUMERIC = {
     torch.float64,
 }
 ANY = NUMERIC | {torch.bool}
+_NUMERIC_NP = frozenset(torch.empty(0, dtype=t).numpy().dtype for t in NUMERIC)
 
 
 def array(tensor: Any, allowed: set[torch.dtype] = NUMERIC) -> np.ndarray:
     """A numpy view of a host tensor (writes through), or Horovod's ValueError."""
+    if allowed is NUMERIC and type(tensor) is torch.Tensor and not tensor.requires_grad:
+        try:  # the common case in one call: a contiguous host tensor of a numeric type
+            a = tensor.numpy()
+        except TypeError:  # a device tensor, or a type numpy has not
+            pass
+        else:
+            if a.dtype in _NUMERIC_NP and a.flags.c_contiguous:
+                return a
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"expected a torch.Tensor, not {type(tensor).__name__}")
     if tensor.dtype not in allowed:
         raise ValueError(f"Tensor type {tensor.type()} is not supported.")
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:
         raise ValueError(
             f"hpcpar.horovod reduces tensors on the host: move {tensor.device} tensors "
             "with .cpu() first"
@@ -69,17 +79,26 @@ def op_of(op: int | None, average: bool | None) -> int:
     return op
 
 
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
 def scale(a: np.ndarray, factor: float) -> None:
     """``a *= factor`` as Horovod scales: in double (float for float16), then cast back."""
     if factor == 1.0:
         return
+    dtype = a.dtype
+    if dtype is _F64 or (dtype is _F32 and math.frexp(factor)[0] == 0.5):
+        np.multiply(a, factor, out=a)  # the same result (a power of two scales exactly)
+        return
     wide = np.float32 if a.dtype == np.float16 else np.float64
-    a[...] = (a.astype(wide) * wide(factor)).astype(a.dtype)  # integers: toward zero
+    # computed in ``wide``, cast back on the way out (integers: toward zero), no temporaries
+    np.multiply(a, wide(factor), out=a, dtype=wide, casting="unsafe")
 
 
 def target(process_set: ProcessSet) -> Any:
     """The hierarchy hpcpar's collectives run on for ``process_set`` (ValueError if none)."""
-    return basics.set_comm(process_set)
+    found = process_set.hierarchy
+    return found if found is not None else basics.set_comm(process_set)
 
 
 def set_rank(process_set: ProcessSet, root_rank: int) -> int:
