@@ -37,7 +37,7 @@ HIDDEN = re.compile(r"# gradients: steps (\d+), reduce ([0-9.]+) s, exposed ([0-
 def _run(args: argparse.Namespace, argv: list[str]) -> str:
     if args.vcluster_ppn:
         command = [sys.executable, "-m", "hpcpar", "vcluster", "run", "--ppn"]
-        command += [str(args.vcluster_ppn), "--", "python", *argv]
+        command += [str(args.vcluster_ppn), "--", *argv]
     else:
         command = [sys.executable, "-m", "hpcpar", "launch", "-n", str(args.n), "--", *argv]
         command[command.index("--") + 1] = sys.executable

@@ -25,13 +25,18 @@ def batch(step):
     return x, x.sum(1, keepdim=True).sin()
 
 
+def make_model():
+    """The job's model, the same on every rank (seeded)."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)]
+    return torch.nn.Sequential(*layers).double()
+
+
 def main() -> None:
     out, steps = sys.argv[1], int(sys.argv[2])
     kill_at = int(sys.argv[3]) if len(sys.argv) > 3 else -1
     hvd.init()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    model = model.double()
+    model = make_model()
     opt = hvd.DistributedOptimizer(
         torch.optim.Adam(model.parameters(), lr=0.01), model.named_parameters()
     )

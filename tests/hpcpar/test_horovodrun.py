@@ -84,6 +84,31 @@ def test_a_horovod_script_runs_under_horovodrun(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_horovod_script_runs_under_plain_mpiexec(tmp_path):
+    import subprocess
+
+    from hpcpar.launcher import find_mpi
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch, hpcpar.horovod.torch as hvd\n"
+        "hvd.init()\n"
+        "x = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum)\n"
+        "print(f'rank {hvd.rank()} of {hvd.size()} sum {x.item():g}')\n"
+    )
+    mpiexec = find_mpi().mpiexec
+    done = subprocess.run(
+        [mpiexec, "-n", "2", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rank 0 of 2 sum 1" in done.stdout and "rank 1 of 2 sum 1" in done.stdout
+
+
+@pytest.mark.slow
 @pytest.mark.reliability("bad_input")
 @pytest.mark.parametrize("kind", ["shape", "dtype"])
 @pytest.mark.parametrize("check", ["0", "1"])

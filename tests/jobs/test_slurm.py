@@ -160,6 +160,27 @@ def test_each_apps_batch_script_runs_under_slurm(slurm, tmp_path, app, launcher)
         assert doc["results"]["passed"] and len(doc["results"]["checks"]) > 5
 
 
+def test_a_horovod_script_runs_under_horovodrun_and_srun(slurm, tmp_path):
+    pytest.importorskip("torch", reason="hpcpar.horovod.torch needs torch")
+    train = tmp_path / "train.py"
+    train.write_text(
+        "import torch, hpcpar.horovod.torch as hvd\n"
+        "hvd.init()\n"
+        "x = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum)\n"
+        "print(f'rank {hvd.rank()} of {hvd.size()} local {hvd.local_rank()} sum {x.item():g}')\n"
+    )
+    batch = tmp_path / "hvd.sbatch"
+    batch.write_text(
+        f'#!/bin/bash\nset -e\n"$HPCPAR" horovodrun -np "$SLURM_NTASKS" --verbose '
+        f"{sys.executable} {train}\n"
+    )
+    res = _run_script(slurm, tmp_path, "horovod", script=batch)
+    text = Path(res["log"]).read_text()
+    assert res["state"] == "COMPLETED" and res["exit_code"] == 0, text[-3000:]
+    assert "srun --ntasks=4" in text  # horovodrun inside an allocation: srun
+    assert all(f"rank {r} of 4 local {r} sum 6" in text for r in range(4)), text[-3000:]
+
+
 def test_a_failing_job_is_reported_failed_with_its_log(slurm, tmp_path, capsys):
     script = tmp_path / "bad.sbatch"
     main(

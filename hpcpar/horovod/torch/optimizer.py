@@ -32,6 +32,9 @@ from .tensors import MPI_OPS, op_of, scale
 
 __all__ = ["DistributedOptimizer"]
 
+# the compressions that are a cast to the bucket's type and back (Horovod's own)
+_CASTS = (Compression.none, Compression.fp16)
+
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Horovod's optimizer wrapper.
@@ -205,7 +208,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._sparse[id(p)] = grad  # reduced by allgather in synchronize
                 return
             grad = grad.to_dense()
-        compressed, self._ctx[id(p)] = self._compression.compress(grad)
+        if self._compression in _CASTS:  # the bucket's copy casts: no tensor in between
+            compressed = grad
+        else:
+            compressed, self._ctx[id(p)] = self._compression.compress(grad)
         if self.op == Average and self.gradient_predivide_factor != 1.0:
             compressed = compressed * (1.0 / self.gradient_predivide_factor)
         self._sync.put(p, compressed.detach())
@@ -249,7 +255,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         continue
                     a, b = bucket.offsets[slot], bucket.offsets[slot + 1]
                     view = bucket.flat[a:b].view(p.shape)
-                    out = self._compression.decompress(view, self._ctx.get(id(p)))
+                    if self._compression in _CASTS:  # the copy below casts back
+                        out = view
+                    else:
+                        out = self._compression.decompress(view, self._ctx.get(id(p)))
                     if p.grad.is_sparse:
                         p.grad.zero_().add_(out.to(p.grad.dtype).to_sparse())
                     elif out.data_ptr() == view.data_ptr() and out.dtype == p.dtype:
