@@ -113,9 +113,10 @@ def test_a_horovod_script_runs_under_plain_mpiexec(tmp_path):
 @pytest.mark.parametrize("kind", ["shape", "dtype"])
 @pytest.mark.parametrize("check", ["0", "1"])
 def test_ranks_that_disagree_end_the_job_with_the_difference_named(kind, check):
-    """Without checks the MPI library finds the longer message and the launcher names
-    the mismatch in one line; with ``HPCPAR_CHECK=1`` every rank raises Horovod's
-    ``HorovodInternalError`` naming the difference before any data moves."""
+    """Without checks the MPI library finds the longer message and ends the job (the
+    launcher names the mismatch in one line when it sees that rank's abort first);
+    with ``HPCPAR_CHECK=1`` every rank raises Horovod's ``HorovodInternalError``
+    naming the difference before any data moves."""
     done = hpcpar(
         "launch",
         "-n",
@@ -128,12 +129,13 @@ def test_ranks_that_disagree_end_the_job_with_the_difference_named(kind, check):
         kind,
         env=clean_env(HPCPAR_CHECK=check),
     )
-    assert done.returncode == 1 and "WRONG" not in done.stdout, done.stdout
+    assert done.returncode != 0 and "WRONG" not in done.stdout, done.stdout
     if check == "1":
         for rank in (0, 1):
             assert (
                 f"[{rank}/2] hpcpar.horovod.basics.HorovodInternalError: allreduce: ranks "
                 f"passed different {'count' if kind == 'shape' else 'dtype'}" in done.stderr
             )
-    else:
-        assert "hpcpar launch: CollectiveMismatchError" in done.stderr, done.stderr[-3000:]
+    else:  # which rank's abort the launcher sees first varies; each names the cause
+        named = ("hpcpar launch: CollectiveMismatchError", "Message truncated")
+        assert any(n in done.stderr for n in named), done.stderr[-3000:]
