@@ -31,6 +31,7 @@ __all__ = [
     "make_buckets",
     "plan_buckets",
     "spare_core",
+    "describe_param",
 ]
 
 MIB = 1 << 20
@@ -438,3 +439,11 @@ class GradientSync:
             f"auto: {shape}; predicted communication after a {1e3 * float(when[-1]):.1f} ms "
             f"backward pass {1e3 * exposed:.2f} ms (one bucket: {1e3 * one:.2f} ms; {where})"
         )
+
+
+def describe_param(entry: tuple[str, tuple[int, ...], str] | None) -> str:
+    """``(name, shape, dtype)`` of a parameter in words, for the ranks-differ errors."""
+    if entry is None:
+        return "no parameter"
+    name, shape, dtype = entry
+    return f"{name} of shape {list(shape)} ({dtype.removeprefix('torch.')})"

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..plugins import Command, commands, register
-from .common import integer, real
+from .common import add_layout_argument, integer, real
 
 __all__ = ["parse_hosts"]
 
@@ -105,12 +105,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="accepted for Horovod's command line (hpcpar launch starts the ranks at once)",
     )
     parser.add_argument("--verbose", action="store_true", help="print the hpcpar launch plan")
-    parser.add_argument(
-        "--layout",
-        default=None,
-        metavar="L",
-        help="hpcpar's virtual node layout (ppn:K, nodes:A,B,... or roundrobin:K)",
-    )
+    add_layout_argument(parser)
     parser.add_argument(
         "--dry-run", action="store_true", help="print the command and environment, run nothing"
     )

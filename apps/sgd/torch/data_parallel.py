@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from hpcpar.gradients import MIB, GradientSync, as_array, spare_core
+from hpcpar.gradients import MIB, GradientSync, as_array, describe_param, spare_core
 
 from ..models import SgdError
 
@@ -275,10 +275,3 @@ def check_dtypes(module: Any) -> None:
                 "hpcpar's collectives cannot reduce (numpy has no such type); train in "
                 "float32 or float16"
             ) from None
-
-
-def describe_param(entry: tuple[str, tuple[int, ...], str] | None) -> str:
-    if entry is None:
-        return "no parameter"
-    name, shape, dtype = entry
-    return f"{name} of shape {list(shape)} ({dtype.removeprefix('torch.')})"

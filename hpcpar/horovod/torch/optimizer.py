@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from mpi4py import MPI
 
-from ...gradients import GradientSync, spare_core
+from ...gradients import MIB, GradientSync, describe_param, spare_core
 from ...topology import Hierarchy
 from .. import basics
 from ..basics import Adasum, Average, ProcessSet, global_process_set, size
@@ -108,8 +108,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _start(self) -> None:
         """Check the ranks' parameters agree, build the buckets, register the hooks."""
-        from ...gradients import MIB
-
         comm = basics.set_comm(self.process_set)
         mine = [
             (self._parameter_names[id(p)], tuple(p.shape), str(p.dtype))
@@ -123,8 +121,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 )
                 raise ValueError(
                     "DistributedOptimizer: the ranks' parameters differ: rank "
-                    f"{basics.rank()} has {_describe(first[0])} where rank "
-                    f"{self.process_set.ranks[their_rank]} has {_describe(first[1])}"
+                    f"{basics.rank()} has {describe_param(first[0])} where rank "
+                    f"{self.process_set.ranks[their_rank]} has {describe_param(first[1])}"
                 )
         # the gradients' own communicator: the thread never interleaves with the script
         self._own = comm.comm.Dup()
@@ -379,13 +377,6 @@ def _check_groups(groups: Any) -> None:
                 if id(p) in seen:
                     raise ValueError("A parameter can only appear once in groups.")
                 seen.add(id(p))
-
-
-def _describe(entry: Any) -> str:
-    if entry is None:
-        return "no parameter"
-    name, shape, dtype = entry
-    return f"{name} of shape {list(shape)} ({dtype.removeprefix('torch.')})"
 
 
 def DistributedOptimizer(
