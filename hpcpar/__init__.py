@@ -51,6 +51,8 @@ _PUBLIC: dict[str, str | None] = {
         "hpcpar.collectives",
     ),
     "explain": "hpcpar.collectives.cost.explain",
+    "Compression": "hpcpar.collectives.compression",
+    "ErrorFeedback": "hpcpar.feedback",
     **dict.fromkeys(
         ("send", "recv", "isend", "irecv", "sendrecv", "send_init", "recv_init"), "hpcpar.p2p"
     ),

@@ -52,6 +52,8 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
             f"{1 / profile.inter.beta_s_per_byte / 1e9:.2f} GB/s"
         )
         print(f"  reduction:  {1 / profile.gamma_s_per_byte / 1e9:.2f} GB/s (numpy add)")
+        codecs = ", ".join(f"{k} {1 / v / 1e9:.2f}" for k, v in profile.codecs.items())
+        print(f"  codecs:     {codecs} GB/s of float32 (code + decode)")
         per_call, per_round = profile.call_s * ms, profile.step_s * ms
         print(
             f"  hpcpar:     {per_call:.2f} us per call, {per_round:.2f} us per round; "

@@ -80,6 +80,7 @@ def _begin(
     nbytes: int,
     blocking: bool,
     itemsize: int = 1,
+    fixed: tuple[Any, str] | None = None,
     **check: Any,
 ) -> tuple[Any, Any]:
     """Choose the algorithm, check arguments across ranks (HPCPAR_CHECK), open the call.
@@ -92,7 +93,7 @@ def _begin(
         progress_adopted()
     state = state_for(comm)
     try:
-        chosen, reason = choose(collective, algorithm, op, state, nbytes, itemsize)
+        chosen, reason = fixed or choose(collective, algorithm, op, state, nbytes, itemsize)
         problem = ""
     except CollectiveError as exc:
         if not checking():
@@ -147,10 +148,28 @@ def _root(root: int, size: int, collective: str) -> int:
 
 
 def _prepare_allreduce(
-    x: Any, op: Any, out: Any, comm: Any, algorithm: str, reproducible: bool, blocking: bool = True
+    x: Any,
+    op: Any,
+    out: Any,
+    comm: Any,
+    algorithm: str,
+    reproducible: bool,
+    compression: Any = None,
+    feedback: Any = None,
+    blocking: bool = True,
 ) -> _Pending:
     data = host_array(x)
     rop = resolve_op(op, data.dtype)
+    fixed = None
+    codec = None
+    check: dict[str, Any] = {}
+    if compression is not None:
+        codec, fixed = _compressed(data, rop, comm, algorithm, reproducible, compression)
+        check["compression"] = codec.name if codec is not None else "none"
+        if codec is not None:
+            check["block"] = codec.block
+    elif feedback is not None:
+        raise CollectiveError("allreduce: feedback= applies to compressed calls: pass compression=")
     work, deliver = result_buffer(data, data.shape, data.dtype, out)
     chosen, call = _begin(
         "allreduce",
@@ -160,15 +179,56 @@ def _prepare_allreduce(
         work.nbytes,
         blocking,
         itemsize=data.itemsize,
+        fixed=fixed,
         count=data.size,
         dtype=data.dtype.str,
         reproducible=bool(reproducible),
+        **check,
     )
-    if reproducible:
+    if codec is not None:
+        from .compression.allreduce import allreduce as compressed
+
+        schedule = compressed(call, work, rop, codec, feedback, compression.seed)
+    elif reproducible:
         schedule = repro.allreduce(call, chosen, work, rop)
     else:
+        if feedback is not None:  # exact this time: a residual restored for it joins the sum
+            feedback.settle(work)
         schedule = chosen.run(call, work, rop)
     return _Pending("iallreduce", schedule, _finisher(call, _on_device(x, out, deliver)))
+
+
+def _check_compressible(
+    data: np.ndarray, rop: ReduceOp, algorithm: str, reproducible: bool
+) -> None:
+    """Raise unless a call with these arguments can be compressed."""
+    if data.dtype not in (np.float32, np.float64):
+        raise CollectiveError(
+            f"allreduce: compression applies to float32 and float64 data, not {data.dtype}"
+        )
+    if rop.name != "SUM" or rop.mpi_op is None:
+        raise CollectiveError(f"allreduce: compression applies to op SUM only, not {rop.name}")
+    if reproducible:
+        raise CollectiveError("allreduce: reproducible=True and compression= cannot be combined")
+    if algorithm != "auto":
+        raise CollectiveError(
+            "allreduce: compression= runs its own schedule; leave algorithm='auto'"
+        )
+
+
+def _compressed(
+    data: np.ndarray, rop: ReduceOp, comm: Any, algorithm: str, reproducible: bool, spec: Any
+) -> tuple[Any, tuple[Any, str] | None]:
+    """The codec a compressed call runs (None: exact) and the record to run it as."""
+    _check_compressible(data, rop, algorithm, reproducible)
+    from .compression.allreduce import record_for
+    from .cost.compressed import scheme_for_call
+
+    name, reason = scheme_for_call(spec, state_for(comm), data.size, data.itemsize)
+    if name == "exact":
+        return None, None
+    codec = spec.codec(name)
+    return codec, (record_for(codec), reason)
 
 
 def _on_device(x: Any, out: Any, deliver: Callable[[], Any]) -> Callable[[], Any]:
@@ -186,6 +246,9 @@ def allreduce(
     algorithm: str = "auto",
     reproducible: bool = False,
     autotune: bool | None = None,
+    compression: Any = None,
+    tolerance: float | None = None,
+    feedback: Any = None,
 ) -> Any:
     """Reduce ``x`` over all ranks; every rank gets the result.
 
@@ -201,10 +264,31 @@ def allreduce(
         autotune: With ``auto``, time the model's best candidates on the first call of
             each size class and keep the fastest (``hpcpar.collectives.autotune``);
             None: as ``HPCPAR_AUTOTUNE`` says.
+        compression: ``None`` (exact, the default), ``"fp16"``, ``"bf16"``, ``"int8"``,
+            ``"1bit"``, ``"auto"`` or a ``hpcpar.Compression``: a lossy SUM of float32 or
+            float64 data, exact inside each node and coded only across nodes
+            (``hpcpar.collectives.compression``; on one node nothing is coded).
+        tolerance: The largest error bound accepted (``auto`` picks the fastest predicted
+            scheme within it, or exact; ``hpcpar.explain(..., compression="auto")``
+            shows the bounds).
+        feedback: An ``hpcpar.ErrorFeedback`` for this vector: what coding loses is
+            added to the next call's contribution.
 
     Returns:
         The reduced array (``out`` when given).
     """
+    if compression is not None or tolerance is not None or feedback is not None:
+        from .compression import as_compression
+
+        spec = as_compression(compression, tolerance)
+        if spec is not None:
+            data = host_array(x)
+            _check_compressible(data, resolve_op(op, data.dtype), algorithm, reproducible)
+        if spec is not None and (feedback is not None or len(state_for(comm).node_ranks) > 1):
+            return _complete(
+                _prepare_allreduce, x, op, out, comm, algorithm, reproducible, spec, feedback
+            )
+        # one node: nothing to code, so the exact call as it would run without compression=
     if not reproducible and not (autotune and algorithm == "auto"):
         result = fast_allreduce(x, op, out, comm, algorithm, autotune is None)
         if result is not None:
@@ -233,13 +317,21 @@ def iallreduce(
     comm: Any = None,
     algorithm: str = "auto",
     reproducible: bool = False,
+    compression: Any = None,
+    tolerance: float | None = None,
+    feedback: Any = None,
 ) -> CollectiveRequest:
     """Nonblocking ``allreduce``: returns a request; ``wait()`` returns the result.
 
     ``x`` is copied when the call starts, so it may change at once; ``out`` must not be
-    touched until the request completes.
+    touched until the request completes (nor ``feedback`` used by another call).
     """
-    return _request(_prepare_allreduce, x, op, out, comm, algorithm, reproducible)
+    spec = None
+    if compression is not None or tolerance is not None:
+        from .compression import as_compression
+
+        spec = as_compression(compression, tolerance)
+    return _request(_prepare_allreduce, x, op, out, comm, algorithm, reproducible, spec, feedback)
 
 
 # ---- reduce ----------------------------------------------------------------------------

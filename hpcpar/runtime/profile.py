@@ -17,7 +17,8 @@ collective through hpcpar (``library_call_s``; ``call_s`` when absent).
 cores, so pipelined stages cannot overlap. ``margin`` (default 0.1) is how much faster
 than the MPI library's own call another algorithm must be predicted before ``auto``
 leaves the library: a model error of a few per cent must not cost more than the
-library would.
+library would. ``codecs`` (optional): seconds per float32 byte to code and decode with
+each compression scheme (``{"int8": 2e-10, ...}``), for ``compression="auto"``.
 
 Loading validates every field and never executes anything from the file.
 """
@@ -44,6 +45,7 @@ __all__ = [
     "load_profile",
     "profile_from_json",
     "default_profile",
+    "DEFAULT_CODECS",
     "parse_network",
     "active_profile",
 ]
@@ -80,6 +82,11 @@ class Profile:
     calibrated: bool = False
     margin: float = 0.1
     oversubscribed: bool = False
+    codecs: dict[str, float] = field(default_factory=dict)
+
+    def codec_s_per_byte(self, scheme: str) -> float:
+        """Seconds per float32 byte to code and decode with ``scheme`` (measured or default)."""
+        return self.codecs.get(scheme) or DEFAULT_CODECS.get(scheme, 1 / 2e9)
 
     def to_json(self) -> dict[str, Any]:
         """The profile as the JSON document ``load_profile`` reads."""
@@ -101,6 +108,7 @@ class Profile:
             "mpi_library": self.mpi_library,
             "margin": self.margin,
             "oversubscribed": self.oversubscribed,
+            "codecs": self.codecs,
         }
 
     def library_time(self, collective: str, nbytes: int, ranks: int) -> float | None:
@@ -119,6 +127,11 @@ class Profile:
         (x0, y0), (x1, y1) = points[-2] if len(points) > 1 else points[-1], points[-1]
         slope = (y1 - y0) / (x1 - x0 or 1)
         return 2 ** (y1 + slope * (x - x1))
+
+
+# Code + decode seconds per float32 byte on one core, for profiles that did not measure them
+# (hpcpar calibrate does; hpcpar bench codecs compares them with a memory copy).
+DEFAULT_CODECS = {"fp16": 1 / 2.5e9, "bf16": 1 / 6e9, "int8": 1 / 5e9, "1bit": 1 / 2.5e9}
 
 
 def default_profile() -> Profile:
@@ -231,7 +244,18 @@ def profile_from_json(doc: Any, name: str = "profile") -> Profile:
         calibrated=bool(doc.get("calibrated", False)),
         margin=_margin(doc, name),
         oversubscribed=bool(doc.get("oversubscribed", False)),
+        codecs=_codecs(doc, name),
     )
+
+
+def _codecs(doc: dict[str, Any], name: str) -> dict[str, float]:
+    value = doc.get("codecs", {})
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+        for k, v in value.items()
+    ):
+        raise ProfileError(f"{name}: codecs must map scheme names to seconds per byte > 0")
+    return {k: float(v) for k, v in value.items()}
 
 
 def _margin(doc: dict[str, Any], name: str) -> float:

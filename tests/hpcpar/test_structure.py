@@ -108,7 +108,13 @@ LAYERS = [
     ("collectives", ["hpcpar.collectives"]),
     (
         "p2p, halo, checkpoint",
-        ["hpcpar.p2p", "hpcpar.halo", "hpcpar.checkpoint", "hpcpar.gradients"],
+        [
+            "hpcpar.p2p",
+            "hpcpar.halo",
+            "hpcpar.checkpoint",
+            "hpcpar.gradients",
+            "hpcpar.feedback",
+        ],
     ),
     (
         "cli, bench, launcher",

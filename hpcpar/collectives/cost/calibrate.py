@@ -3,6 +3,7 @@
 Collective over the job. Intra-node alpha/beta come from a ping-pong between two ranks
 of one node, inter-node from a ping-pong between two node leaders (copied from the
 intra-node level when the job has one node); gamma from numpy's add on a few MiB;
+each compression scheme's code + decode time on 4 MiB of float32;
 where rank 0 has a GPU, the two ways a GPU view's bytes reach host memory (``staged`` by
 a 2D copy, ``device`` by the pack kernel), which ``hpcpar.send`` chooses between;
 hpcpar's software costs from its own calls against the library's and the model; and
@@ -92,6 +93,26 @@ def _gamma() -> float:
         np.add(a, b, out=a)
         samples.append(time.perf_counter() - start)
     return statistics.median(samples) / a.nbytes
+
+
+def _codecs() -> dict[str, float]:
+    """Code + decode seconds per float32 byte of each compression scheme on this core."""
+    from ..compression.schemes import SCHEMES, codec_for
+
+    x = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)  # 4 MiB
+    out = {}
+    for name in SCHEMES:
+        codec = codec_for(name)
+        payload = np.empty(codec.wire_bytes(x.size), np.uint8)
+        acc = np.zeros_like(x)
+        samples = []
+        for _ in range(5):  # the first call may compile the kernels (or load numba's cache)
+            start = time.perf_counter()
+            codec.encode(x, payload)
+            codec.decode(payload, acc)
+            samples.append(time.perf_counter() - start)
+        out[name] = min(samples[1:]) / x.nbytes
+    return out
 
 
 def _library_call(comm: Any, collective: str, n: int) -> Callable[[], Any]:
@@ -269,6 +290,8 @@ def calibrate(comm: Any, hierarchy: Any, *, repeats: int = 9, name: str | None =
     if inter is None:
         inter = intra
     gamma = comm.allreduce(_gamma()) / comm.Get_size()
+    mine = _codecs()
+    codecs = {k: comm.allreduce(v) / comm.Get_size() for k, v in sorted(mine.items())}
     network = Profile("network", intra, inter, gamma)
     call_s, step_s, library_call_s = _software_costs(comm, hierarchy, network, repeats)
     library = {
@@ -301,4 +324,5 @@ def calibrate(comm: Any, hierarchy: Any, *, repeats: int = 9, name: str | None =
         mpi_library=library,
         calibrated=True,
         oversubscribed=crowded,
+        codecs=codecs,
     )

@@ -30,7 +30,16 @@ from ..registry import LIBRARY, ORDER_ANY, ORDER_NONE, Algorithm
 from ..tally import Counts, Layout, whole_node
 from .counts import counts_for, shape_of
 
-__all__ = ["Prediction", "predict", "rank_algorithms", "representatives", "classic", "TIE"]
+__all__ = [
+    "Prediction",
+    "predict",
+    "price",
+    "hidden",
+    "rank_algorithms",
+    "representatives",
+    "classic",
+    "TIE",
+]
 
 TIE = 0.002  # predictions this close (relative) count as tied
 
@@ -77,9 +86,12 @@ def representatives(layout: Layout, limit: int = 64) -> list[int]:
     return sorted(picks)
 
 
-def _price(c: Counts, profile: Profile, sharing: int) -> dict[str, float]:
-    # Latency per round on the critical path; bandwidth per byte this rank sends or
-    # waits for (a fold).
+def price(c: Counts, profile: Profile, sharing: int) -> dict[str, float]:
+    """Seconds by kind for what one rank sends and reduces.
+
+    Latency per round on the critical path; bandwidth per byte this rank sends or waits
+    for (a fold), inter-node bytes times the ranks that share the node's link.
+    """
     return {
         "intra": profile.intra.time(c.rounds_intra, c.bytes_intra + c.waited_intra),
         "inter": profile.inter.time(c.rounds_inter, (c.bytes_inter + c.waited_inter) * sharing),
@@ -88,7 +100,7 @@ def _price(c: Counts, profile: Profile, sharing: int) -> dict[str, float]:
     }
 
 
-def _hidden(parts: dict[str, float]) -> float:
+def hidden(parts: dict[str, float]) -> float:
     """What a crowded machine hides of hpcpar's Python (shown as a negative overlap).
 
     The software costs are calibrated on 8-byte calls, where ranks queue for the cores;
@@ -105,7 +117,7 @@ def _pipelined(
 ) -> dict[str, float]:
     """Stages overlap across segments: the first segment pays all, the rest the slowest."""
     stages, segments = record.stages(layout, rank, shape)  # type: ignore[misc]
-    priced = [_price(c, profile, 1) for c in stages]
+    priced = [price(c, profile, 1) for c in stages]
     times = [sum(parts.values()) - profile.call_s for parts in priced]
     parts = {
         kind: sum(p[kind] for p in priced) for kind in ("intra", "inter", "reduce", "software")
@@ -162,9 +174,9 @@ def predict(
         if record.stages is not None:
             parts = _pipelined(record, layout, rank, shape, profile)
         else:
-            parts = _price(c, profile, senders(layout, rank))
+            parts = price(c, profile, senders(layout, rank))
         if profile.oversubscribed:
-            parts["overlap"] = parts.get("overlap", 0.0) - _hidden(parts)
+            parts["overlap"] = parts.get("overlap", 0.0) - hidden(parts)
         total = sum(parts.values())
         if worst is None or total > worst.seconds:
             worst = Prediction(algorithm, total, parts, rank, None if record.stages else c)
@@ -191,8 +203,8 @@ def _library(
         )
 
     def without_python(pred: Prediction) -> float:  # hpcpar's Python, and what hid it
-        hidden = _hidden(pred.parts) if profile.oversubscribed else 0.0
-        return pred.seconds - pred.parts.get("software", 0.0) + hidden
+        hid = hidden(pred.parts) if profile.oversubscribed else 0.0
+        return pred.seconds - pred.parts.get("software", 0.0) + hid
 
     best = min(
         (
@@ -204,7 +216,7 @@ def _library(
     seconds = without_python(best) + profile.library_call_s
     parts = {**best.parts, "software": profile.library_call_s}
     if profile.oversubscribed:
-        parts["overlap"] = parts.get("overlap", 0.0) + _hidden(best.parts)
+        parts["overlap"] = parts.get("overlap", 0.0) + hidden(best.parts)
     return Prediction(
         LIBRARY,
         seconds,

@@ -1,0 +1,266 @@
+"""The compressed allreduce: exact inside each node, coded only across nodes.
+
+The shape of ZeRO++'s qgZ, on hpcpar's hierarchy. The vector is cut into the codec's
+blocks, and every cut below falls between blocks:
+
+1. Inside each node a ring reduce-scatter (exact, in the data's own dtype) leaves local
+   rank k holding slice k of the node's sum (slices as in the multi-leader allreduce:
+   as many as the smallest node has ranks).
+2. Along each rail (local rank k of every node) the slice is cut into one chunk per
+   node. Each rank codes its slice and sends chunk j to node j (every rank decodes
+   chunks alike: its own chunk is coded too); the owner of a chunk decodes the
+   nodes' codes and sums them in node order, in float32 (float64 for float64 data),
+   codes the sum once more and sends it to every node; every rank decodes every chunk.
+3. Inside each node a ring allgather (exact) puts the slices together.
+
+So only the bytes that cross the slow level are coded, the sum never accumulates in
+the coded type, every rank ends with the same bits, and on one node nothing is coded
+at all (the caller runs the exact allreduce instead). The result equals: decode(code(
+sum over nodes of decode(code(node sum)))), block by block, summed in node order.
+
+Error feedback (``feedback=``): an object with ``residuals(n, slice, chunk)`` returning
+``(extra, worker, server)``: float32 residuals of this rank's slice and chunk, which the
+coder adds before coding and leaves holding what the code lost, and ``extra``, a whole
+vector to add to this rank's contribution once (a residual restored from a checkpoint
+taken on another layout), or None. ``hpcpar.ErrorFeedback`` is one.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ...layout import format_ranks
+from ..algorithms import recursive_doubling, ring
+from ..call import Call
+from ..channel import even_counts, offsets
+from ..errors import CollectiveMismatchError
+from ..ops import resolve_op
+from ..registry import ORDER_NONE, Algorithm, Shape
+from ..schedule import Schedule
+from ..tally import Counts, Groups, Layout
+from .schemes import Codec
+
+__all__ = ["allreduce", "slices", "chunks", "count_allreduce", "coded_bytes", "record_for"]
+
+
+def _block_counts(n: int, block: int, parts: int) -> list[int]:
+    """Elements of ``parts`` pieces of ``n``, each a run of whole blocks (larger first)."""
+    blocks = even_counts(-(-n // block), parts)
+    out, start = [], 0
+    for b in blocks:
+        end = min(n, start + b * block)
+        out.append(end - start)
+        start = end
+    return out
+
+
+def slices(n: int, block: int, local_size: int, owners: int) -> list[int]:
+    """Elements of each local rank's slice: ``owners`` of them own whole blocks, the rest none."""
+    return _block_counts(n, block, owners) + [0] * (local_size - owners)
+
+
+def chunks(m: int, block: int, nodes: int) -> list[int]:
+    """Elements of each node's chunk of a slice of ``m`` elements."""
+    return _block_counts(m, block, nodes)
+
+
+def _seed(call: Call, stage: int, node: int, seed: int) -> int:
+    """Stochastic rounding's seed: different for every call, stage and node."""
+    text = f"{seed}:{call.state.label}:{call.tag}:{stage}:{node}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+def allreduce(
+    call: Call, buf: np.ndarray, op: object, codec: Codec, feedback: Any = None, seed: int = 0
+) -> Schedule:
+    """Sum float32/float64 ``buf`` over all ranks in place, coded across nodes."""
+    yield from _agree(call, codec, feedback is not None)
+    node = call.node
+    owners = call.min_node_size
+    n = buf.size
+    counts = slices(n, codec.block, node.size, owners)
+    starts = offsets(counts)
+    mine = node.rank
+    lo, hi = starts[mine], starts[mine + 1]
+    extra = worker = server = None
+    rail = call.rail if mine < owners else None
+    if feedback is not None:
+        p = rail.size if rail is not None else 1
+        parts = chunks(hi - lo, codec.block, p)
+        at = offsets(parts)
+        me = rail.rank if rail is not None else 0
+        extra, worker, server = feedback.residuals(
+            n, (lo, hi), (lo + at[me], lo + at[me + 1]) if rail is not None else (lo, lo)
+        )
+        if extra is not None:
+            buf += extra.astype(buf.dtype, copy=False)
+    yield from ring.reduce_scatter(node, buf, op, counts)
+    if rail is not None:
+        call.stats.steps.append(
+            f"coded across {rail.size} nodes: {codec.name}, blocks of {codec.block}"
+            + (", stochastic rounding" if codec.stochastic else "")
+            + (", error feedback" if feedback is not None else "")
+        )
+        yield from _rail(call, rail, buf[lo:hi], lo, codec, worker, server, seed)
+    yield from ring.allgather(node, buf, counts)
+
+
+def describe(codec: Codec, feedback: bool) -> str:
+    """``int8 (blocks of 256, nearest, error feedback)``: what ranks must agree on."""
+    rounding = "stochastic" if codec.stochastic else "nearest"
+    tail = ", error feedback" if feedback else ""
+    return f"{codec.name} (blocks of {codec.block}, {rounding}{tail})"
+
+
+def _agree(call: Call, codec: Codec, feedback: bool) -> Schedule:
+    """Check that every rank codes alike (a 16-byte allreduce on the call's channel).
+
+    Ranks coding differently would send payloads of different sizes: this turns that
+    into one clear error on every rank instead of a truncated message or a hang.
+    """
+    what = describe(codec, feedback)
+    mark = int.from_bytes(hashlib.blake2b(what.encode(), digest_size=7).digest(), "little")
+    both = np.array([mark, -mark], np.int64)
+    yield from recursive_doubling.allreduce(call.flat, both, resolve_op(MPI.MAX, both.dtype))
+    if both[0] == mark and -both[1] == mark:
+        return
+    every = call.state.private.allgather(what)
+    groups: dict[str, list[int]] = {}
+    for rank, seen in enumerate(every):
+        groups.setdefault(seen, []).append(rank)
+    detail = "; ".join(f"{w} on rank(s) {format_ranks(r)}" for w, r in groups.items())
+    raise CollectiveMismatchError(f"allreduce: ranks passed different compression: {detail}")
+
+
+def _rail(
+    call: Call,
+    ch: Any,
+    part: np.ndarray,
+    base: int,
+    codec: Codec,
+    worker: np.ndarray | None,
+    server: np.ndarray | None,
+    seed: int,
+) -> Schedule:
+    p, me = ch.size, ch.rank
+    parts = chunks(part.size, codec.block, p)
+    at = offsets(parts)
+    sizes = [codec.wire_bytes(c) for c in parts]
+    where = offsets(sizes)
+    # stage 1: code my slice, chunk j to node j
+    if worker is not None:
+        v = worker
+        v += part  # the residual joins the contribution; the coder leaves the new one
+    else:
+        v = part if part.dtype == np.float32 else part.astype(np.float32)
+    sent = np.empty(where[-1], np.uint8)
+    for j in range(p):
+        codec.encode(
+            v[at[j] : at[j + 1]],
+            sent[where[j] : where[j + 1]],
+            feedback=worker is not None,
+            seed=_seed(call, 1, ch.nodes[me], seed),
+            start=base + at[j],
+        )
+    got = np.empty(p * sizes[me], np.uint8)
+    requests = []
+    for j in range(p):
+        if j != me:
+            requests += ch.irecv(got[j * sizes[me] : (j + 1) * sizes[me]], j)
+            requests += ch.isend(sent[where[j] : where[j + 1]], j)
+    yield requests
+    got[me * sizes[me] : (me + 1) * sizes[me]] = sent[where[me] : where[me + 1]]
+    acc_type = np.float64 if part.dtype == np.float64 else np.float32
+    acc = np.empty(parts[me], acc_type)
+    for j in range(p):  # in node order, so every owner sums alike
+        codec.decode(got[j * sizes[me] : (j + 1) * sizes[me]], acc, add=j > 0)
+    call.stats.reduced_bytes += acc.nbytes * (p - 1)
+    # stage 2: code the chunk's sum once, send it to every node
+    if server is not None:
+        w = server
+        w += acc
+    else:
+        w = acc if acc.dtype == np.float32 else acc.astype(np.float32)
+    total = np.empty(where[-1], np.uint8)
+    codec.encode(
+        w,
+        total[where[me] : where[me + 1]],
+        feedback=server is not None,
+        seed=_seed(call, 2, ch.nodes[me], seed),
+        start=base + at[me],
+    )
+    requests = []
+    for j in range(p):
+        if j != me:
+            requests += ch.irecv(total[where[j] : where[j + 1]], j)
+            requests += ch.isend(total[where[me] : where[me + 1]], j)
+    yield requests
+    for j in range(p):
+        codec.decode(total[where[j] : where[j + 1]], part[at[j] : at[j + 1]], add=False)
+
+
+# ---- exact counts ----------------------------------------------------------------------
+
+
+def coded_bytes(layout: Layout, rank: int, count: int, codec: Codec) -> int:
+    """Bytes of float32 ``rank`` codes and decodes in one call (the codec's cost term)."""
+    g = _groups(layout, rank)
+    owners = min(len(r) for r in g.node_ranks)
+    if len(g.node_ranks) == 1 or g.local >= owners:
+        return 0
+    counts = slices(count, codec.block, len(g.node), owners)
+    parts = chunks(counts[g.local], codec.block, len(g.rail))
+    mine = parts[g.rail_me]
+    # code the slice, decode p chunks, code the chunk's sum, decode the slice
+    return 4 * (counts[g.local] + len(g.rail) * mine + mine + counts[g.local])
+
+
+def _groups(layout: Layout, rank: int) -> Groups:
+    from ..tally import groups_of
+
+    return groups_of(layout, rank)
+
+
+def count_allreduce(c: Counts, g: Groups, rank: int, s: Shape, codec: Codec) -> None:
+    """What ``allreduce`` sends and sums from ``rank`` (the rail's messages are coded)."""
+    owners = min(len(r) for r in g.node_ranks)
+    counts = slices(s.count, codec.block, len(g.node), owners)
+    ring.count_reduce_scatter(c, g.node, g.local, counts, s.itemsize)
+    if g.local < owners and len(g.rail) > 1:
+        p, me = len(g.rail), g.rail_me
+        parts = chunks(counts[g.local], codec.block, p)
+        for j in range(p):
+            if j != me:
+                c.send(codec.wire_bytes(parts[j]), False)
+                c.send(codec.wire_bytes(parts[me]), False)
+        c.round(False, 2)
+        c.reduced_bytes += (p - 1) * parts[me] * s.itemsize
+    ring.count_allgather(c, g.node, g.local, counts, s.itemsize)
+
+
+@functools.lru_cache(maxsize=64)
+def record_for(codec: Codec) -> Algorithm:
+    """The algorithm record of the compressed allreduce with ``codec`` (not in ``auto``'s table)."""
+
+    def run(call: Call, buf: np.ndarray, op: object) -> Schedule:
+        return allreduce(call, buf, op, codec)
+
+    def counts(c: Counts, g: Groups, rank: int, s: Shape) -> None:
+        count_allreduce(c, g, rank, s, codec)
+
+    return Algorithm(
+        name=f"compressed_{codec.name}",
+        collective="allreduce",
+        run=run,
+        label=codec.name[:2].upper(),
+        counts=counts,
+        order=ORDER_NONE,
+        hierarchical=True,
+        senders=lambda layout, rank: min(len(r) for r in layout.node_ranks),
+        summary=f"node reduce-scatter, {codec.scheme.summary} across nodes, node allgather",
+    )
