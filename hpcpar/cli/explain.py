@@ -97,6 +97,20 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="show the model's choice even without a calibrated profile",
     )
+    parser.add_argument(
+        "--compression",
+        default=None,
+        help="also rank the compression schemes of an allreduce: auto, fp16, bf16, int8, 1bit",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="the largest error bound to accept (with --compression auto)",
+    )
+    parser.add_argument(
+        "--block", type=integer(1, 1 << 30), default=None, help="compression block size"
+    )
     add_machine_arguments(parser)
     add_layout_argument(parser)
 
@@ -119,6 +133,20 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     else:
         with Hierarchy(comm, layout=args.layout) as h:
             layout = Layout(tuple(h.node_of))
+    spec = None
+    if args.compression is not None or args.tolerance is not None or args.block is not None:
+        from ..collectives.compression import DEFAULT_BLOCK, Compression, as_compression
+        from ..collectives.errors import CollectiveError
+
+        try:
+            spec = as_compression(
+                Compression(args.compression or "auto", args.block or DEFAULT_BLOCK),
+                args.tolerance,
+            )
+        except CollectiveError as exc:
+            raise UsageError(f"explain: {exc}") from None
+        if args.itemsize not in (4, 8):
+            raise UsageError("explain: compression needs --itemsize 4 or 8 (float32, float64)")
     plan = plan_for(
         args.collective,
         nbytes,
@@ -126,6 +154,7 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
         profile,
         itemsize=args.itemsize,
         calibrated_only=not (args.model or args.network or args.profile),
+        compression=spec,
     )
     if comm.Get_rank() == 0:
         print(plan, flush=True)

@@ -57,6 +57,26 @@ class Compression:
         return codec_for(name, self.block, self.rounding if name == "int8" else "nearest")
 
 
+def _check_tolerance(tol: object) -> None:
+    if tol is not None and (
+        isinstance(tol, bool)
+        or not isinstance(tol, (int, float))
+        or not math.isfinite(tol)
+        or tol <= 0
+    ):
+        raise CollectiveError(f"tolerance must be a finite number > 0, not {tol!r}")
+
+
+def _spec(value: object) -> Compression:
+    if isinstance(value, str):
+        return Compression(value)
+    if isinstance(value, Compression):
+        return value
+    raise CollectiveError(
+        f"compression must be None, a scheme name or a Compression, not {type(value).__name__}"
+    )
+
+
 def as_compression(value: object, tolerance: object = None) -> Compression | None:
     """Turn ``compression=`` (and ``tolerance=``) into a checked ``Compression``, or None.
 
@@ -68,26 +88,15 @@ def as_compression(value: object, tolerance: object = None) -> Compression | Non
         if tolerance is not None:
             raise CollectiveError("tolerance= applies to compressed calls: pass compression=")
         return None
-    if isinstance(value, str):
-        spec = Compression(value)
-    elif isinstance(value, Compression):
-        spec = value
-    else:
-        raise CollectiveError(
-            f"compression must be None, a scheme name or a Compression, not {type(value).__name__}"
-        )
+    spec = _spec(value)
     if tolerance is not None:
         spec = Compression(spec.scheme, spec.block, spec.rounding, tolerance, spec.seed)  # type: ignore[arg-type]
     tol = spec.tolerance
-    if tol is not None and (
-        isinstance(tol, bool)
-        or not isinstance(tol, (int, float))
-        or not math.isfinite(tol)
-        or tol <= 0
-    ):
-        raise CollectiveError(f"tolerance must be a finite number > 0, not {tol!r}")
+    _check_tolerance(tol)
     if spec.rounding not in ROUNDINGS:
         raise CollectiveError(f"rounding must be 'nearest' or 'stochastic', not {spec.rounding!r}")
+    if spec.rounding == "stochastic" and spec.scheme not in ("int8", "auto"):
+        raise CollectiveError(f"stochastic rounding applies to int8 only, not {spec.scheme}")
     if spec.scheme == "auto":
         if tol is None:
             raise CollectiveError(

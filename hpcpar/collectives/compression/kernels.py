@@ -15,7 +15,9 @@ type.
 A block holding a NaN or an infinity decodes to NaN in every element (int8, 1bit,
 fp16: its scale cannot be finite), so a non-finite input never comes out finite; its
 residual is reset to zero so that one bad step does not poison the next ones. bf16 has
-no blocks and keeps IEEE semantics element by element.
+no blocks and keeps IEEE semantics element by element. A block whose largest magnitude
+is below 2^-120 is sent as zeros by int8 and fp16 (its scale would overflow float32;
+with error feedback it stays in the residual).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ _INLINE = njit(nogil=True, cache=True, fastmath=_FAST, inline="always")
 
 FP16_BAD = np.int32(0x7FFFFFFF)  # the exponent slot of an fp16 block that held a non-finite value
 _INF_BITS = np.uint32(0x7F800000)
+_TINY_BITS = np.uint32(7 << 23)  # 2^-120: blocks below it are sent as zeros
 _ABS = np.uint32(0x7FFFFFFF)
 _SIGN = np.uint32(0x80000000)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -118,10 +121,14 @@ def int8_encode(v, bits, scales, codes, block, feedback, stochastic, seed, start
             if feedback:
                 vb[:] = 0
             continue
+        if mb < _TINY_BITS:  # 127 / max|v| would overflow float32
+            scales[b] = 0.0
+            cb[:] = 0
+            continue
         m = _from_bits(mb)
         scale = np.float32(m / 127.0)
         scales[b] = scale
-        inv = np.float32(127.0 / m) if m > 0.0 else np.float32(0.0)
+        inv = np.float32(127.0 / m)
         for i in range(vb.size):
             t = vb[i] * inv
             if stochastic:
@@ -238,9 +245,11 @@ def fp16_encode(v, bits, exps, codes, block, feedback, scratch):
             if feedback:
                 vb[:] = 0
             continue
-        e = 0
-        if mb > 0:
-            e = 15 - _exponent(mb)
+        if mb < _TINY_BITS:  # 2^e would overflow float32
+            exps[b] = 0
+            cb[:] = 0
+            continue
+        e = 15 - _exponent(mb)
         exps[b] = e
         up = np.float32(np.ldexp(1.0, e))
         down = np.float32(np.ldexp(1.0, -e))

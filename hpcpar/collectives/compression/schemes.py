@@ -3,10 +3,12 @@
 A scheme codes a float32 vector block by block (``kernels``) into one payload of bytes:
 per block a 4-byte slot (scale or exponent), then the codes. Each scheme states its
 error bound as a constant ``eps``: coding a vector changes element ``i`` by at most
-``eps * M(i)``, where ``M(i)`` is the largest magnitude in ``i``'s block. A compressed
-allreduce codes every node's sum once and the total once, so its result is within
-``bound(p) = 2 * eps + p * u`` of ``sum_k M_k(i)`` (the nodes' block maxima summed), where
-``u`` is the accumulator's unit roundoff (float32: 2^-24) and ``p`` the node count.
+``eps * M(i) + TINY``, where ``M(i)`` is the largest magnitude in ``i``'s block and
+``TINY = 2^-120`` covers magnitudes at float32's floor (subnormals). A compressed
+allreduce codes every node's sum once and the total once, so its result differs from
+the exact sum by at most ``bound(p) * sum_k M_k(i) + 2 * TINY``, where ``M_k(i)`` is
+node k's block maximum, ``bound(p) = 2 * eps + p * u``, ``u`` the accumulator's unit
+roundoff (float32: 2^-24) and ``p`` the node count.
 
 ====== ================================ ============= =========================
 scheme codes                            bytes/element eps
@@ -31,10 +33,11 @@ import numpy as np
 from ..errors import CollectiveError
 from . import kernels
 
-__all__ = ["Scheme", "Codec", "SCHEMES", "codec_for", "DEFAULT_BLOCK", "ROUNDINGS"]
+__all__ = ["Scheme", "Codec", "SCHEMES", "codec_for", "DEFAULT_BLOCK", "ROUNDINGS", "TINY"]
 
 DEFAULT_BLOCK = 256
 ROUNDINGS = ("nearest", "stochastic")
+TINY = 2.0**-120  # absolute error at float32's floor, per coding
 _SLACK = 2.0**-20  # float32 arithmetic inside the coder (the scale's own rounding)
 
 
@@ -119,6 +122,8 @@ class Codec:
         With ``feedback`` ``v`` is overwritten with what the code lost (``v - decoded``).
         ``seed`` and ``start`` (``v[0]``'s global index) drive stochastic rounding.
         """
+        if v.dtype != np.float32 or not v.flags.c_contiguous:
+            raise CollectiveError(f"the coders take contiguous float32 vectors, not {v.dtype}")
         n = v.size
         if n == 0:
             return

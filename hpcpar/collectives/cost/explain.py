@@ -30,6 +30,9 @@ class Plan:
         segment_bytes: Segment size when the choice runs in segments.
         profile: The profile's name.
         ranks: Ranks in the job; nodes: nodes in the layout.
+        compression: With ``compression=``: the scheme the call codes with
+            (``"exact"``: none), ``compression_reason`` why, and ``schemes`` the exact
+            allreduce and every scheme, fastest predicted first, with their bounds.
     """
 
     collective: str
@@ -42,6 +45,9 @@ class Plan:
     profile: str = ""
     ranks: int = 1
     nodes: int = 1
+    compression: str | None = None
+    compression_reason: str = ""
+    schemes: list[Any] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [
@@ -66,6 +72,19 @@ class Plan:
                 + "".join(f"{v:>10.1f}" for v in cells[:3])
                 + f"{cells[3]:>12.1f}{cells[4]:>11.1f}  {pred.note}"
             )
+        if self.compression is not None:
+            lines += [
+                f"compression: {self.compression}",
+                f"reason:    {self.compression_reason}",
+                f"{'scheme':<20}{'predicted us':>14}{'inter bytes':>12}{'codec us':>10}"
+                f"{'error bound':>13}",
+            ]
+            for entry in self.schemes:
+                pred = entry.prediction
+                lines.append(
+                    f"{entry.scheme:<20}{pred.seconds * 1e6:>14.1f}{entry.wire_bytes:>12}"
+                    f"{pred.parts.get('codec', 0.0) * 1e6:>10.1f}{entry.bound:>13.3g}"
+                )
         return "\n".join(lines)
 
 
@@ -78,6 +97,7 @@ def plan_for(
     itemsize: int = 8,
     commutative: bool = True,
     calibrated_only: bool = True,
+    compression: Any = None,
 ) -> Plan:
     """The plan for a call of ``nbytes`` bytes on ``layout`` (pure; no MPI).
 
@@ -91,6 +111,8 @@ def plan_for(
         commutative: Whether the op is commutative.
         calibrated_only: Follow the model only with a calibrated profile (what
             ``auto`` does); otherwise report the model's choice anyway.
+        compression: A ``Compression`` (allreduce only): also rank the exact allreduce
+            and every scheme, and say which one the call codes with.
     """
     if nbytes < 0:
         raise CollectiveError(f"explain: size must be >= 0 bytes, not {nbytes}")
@@ -146,7 +168,7 @@ def plan_for(
         )
     cut = ALGORITHMS[collective][chosen].segment_bytes
     segment = cut(itemsize) if cut is not None else None
-    return Plan(
+    plan = Plan(
         collective,
         nbytes,
         chosen,
@@ -158,12 +180,32 @@ def plan_for(
         p,
         len(layout.node_ranks),
     )
+    if compression is not None:
+        if collective != "allreduce":
+            raise CollectiveError(f"explain: compression applies to allreduce, not {collective}")
+        from .compressed import scheme_plan
+
+        plan.compression, plan.compression_reason, plan.schemes = scheme_plan(
+            compression, layout, count, itemsize, active
+        )
+    return plan
 
 
 def explain(
-    collective: str, nbytes: int, comm: Any = None, *, itemsize: int = 8, op: Any = None
+    collective: str,
+    nbytes: int,
+    comm: Any = None,
+    *,
+    itemsize: int = 8,
+    op: Any = None,
+    compression: Any = None,
+    tolerance: float | None = None,
 ) -> Plan:
     """Explain the algorithm ``auto`` chooses for ``collective`` of ``nbytes`` on ``comm``.
+
+    With ``compression=`` (and ``tolerance=``, as ``hpcpar.allreduce`` takes them) the
+    plan also ranks the exact allreduce and every compression scheme with its predicted
+    time and error bound, and says which one the call would code with.
 
     Collective the first time hpcpar uses ``comm`` (it builds the hierarchy), local after.
     """
@@ -182,7 +224,19 @@ def explain(
 
         commutative = resolve_op(op, np.dtype(np.float64)).commutative
     layout = Layout(tuple(state.node_of))
-    return plan_for(collective, nbytes, layout, itemsize=itemsize, commutative=commutative)
+    spec = None
+    if compression is not None or tolerance is not None:
+        from ..compression import as_compression
+
+        spec = as_compression(compression, tolerance)
+    return plan_for(
+        collective,
+        nbytes,
+        layout,
+        itemsize=itemsize,
+        commutative=commutative,
+        compression=spec,
+    )
 
 
 def auto_choice(
