@@ -121,6 +121,7 @@ def _begin(
     if HOT.guard:  # the always-on mismatch guard (guard.py)
         mark = guard.signature(collective, chosen.name, op.name if op else None, check)
         state.guard_sum = guard.fold(state.guard_sum, mark, state._sequence)
+        call.guard = (mark, state._sequence)
         if state._sequence >= state.guard_next:
             guard.verify(state, collective)
     return chosen, call
@@ -281,6 +282,10 @@ def allreduce(
         from .compression import as_compression
 
         spec = as_compression(compression, tolerance)
+        if spec is None:
+            raise CollectiveError(
+                "allreduce: feedback= applies to compressed calls: pass compression="
+            )
         if spec is not None:
             data = host_array(x)
             _check_compressible(data, resolve_op(op, data.dtype), algorithm, reproducible)
@@ -327,7 +332,7 @@ def iallreduce(
     touched until the request completes (nor ``feedback`` used by another call).
     """
     spec = None
-    if compression is not None or tolerance is not None:
+    if compression is not None or tolerance is not None or feedback is not None:
         from .compression import as_compression
 
         spec = as_compression(compression, tolerance)

@@ -23,6 +23,8 @@ class Call:
             then uses the library's blocking collective, which MPI libraries tune
             better than the nonblocking one).
         flight: The call's entry in the flight record (None while it is off).
+        guard: What the call added to the mismatch guard's sum (signature, number),
+            None while the guard is off.
     """
 
     def __init__(self, state: CommState, stats: CollectiveStats, tag: int, blocking: bool) -> None:
@@ -31,6 +33,7 @@ class Call:
         self.tag = tag
         self.blocking = blocking
         self.flight: Any = None  # the call's flight-record entry (hpcpar.runtime.flight)
+        self.guard: tuple[int, int] | None = None
         self._channels: dict[str, Channel | None] | None = None
 
     def _channel(self, level: str) -> Channel | None:

@@ -129,6 +129,9 @@ def _agree(call: Call, codec: Codec, feedback: bool) -> Schedule:
     yield from recursive_doubling.allreduce(call.flat, both, resolve_op(MPI.MAX, both.dtype))
     if both[0] == mark and -both[1] == mark:
         return
+    if call.guard is not None:  # reported here on every rank: the guard need not again
+        mark_of_call, number = call.guard
+        call.state.guard_sum -= mark_of_call * number
     every = call.state.private.allgather(what)
     groups: dict[str, list[int]] = {}
     for rank, seen in enumerate(every):
@@ -228,6 +231,7 @@ def _groups(layout: Layout, rank: int) -> Groups:
 
 def count_allreduce(c: Counts, g: Groups, rank: int, s: Shape, codec: Codec) -> None:
     """What ``allreduce`` sends and sums from ``rank`` (the rail's messages are coded)."""
+    recursive_doubling.count_allreduce(c, g.flat, rank, 2, 8)  # the agreement check
     owners = min(len(r) for r in g.node_ranks)
     counts = slices(s.count, codec.block, len(g.node), owners)
     ring.count_reduce_scatter(c, g.node, g.local, counts, s.itemsize)
