@@ -57,6 +57,7 @@ CORE_MODULES = (
     "hpcpar.bench.command",
     "hpcpar.bench.allreduce_mpi",
     "hpcpar.bench.collectives",
+    "hpcpar.bench.codecs",
     "hpcpar.bench.datatypes",
     "hpcpar.bench.checkpoint",
     "hpcpar.bench.flight",

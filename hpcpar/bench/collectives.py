@@ -46,7 +46,95 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="add the cost model's prediction for each variant (a calibrated profile)",
     )
+    parser.add_argument(
+        "--compression",
+        default=None,
+        metavar="S,T",
+        help="allreduce of float32 with these compression schemes (fp16, bf16, int8, 1bit, "
+        "auto) against the exact auto",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.01,
+        help="with --compression auto: the largest error bound to accept (default 0.01)",
+    )
+    parser.add_argument(
+        "--block", type=int, default=None, help="with --compression: elements per block"
+    )
     add_vcluster_arguments(parser)
+
+
+def _compressed_case(comm: Any, h: Any, scheme: str | None, args: Any) -> Callable[[int], Any]:
+    """A float32 allreduce coded with ``scheme`` (None: exact ``auto``), checked to its bound."""
+    import hpcpar
+    from hpcpar.collectives.compression import DEFAULT_BLOCK, Compression, codec_for
+
+    p, r = comm.Get_size(), comm.Get_rank()
+    block = args.block or DEFAULT_BLOCK
+    spec = None if scheme is None else Compression(scheme, block)
+    tolerance = args.tolerance if scheme == "auto" else None
+    nodes = h.n_nodes
+    if scheme is None or nodes == 1:
+        bound = 0.0
+    elif scheme == "auto":
+        bound = args.tolerance
+    else:
+        bound = codec_for(scheme, block).bound(nodes)
+    scale = sum(250.0 + q for q in range(p))  # the ranks' largest magnitudes summed
+
+    def make(nbytes: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        count = nbytes // 4
+        base = (np.arange(count) % 251).astype(np.float32)
+        x = base + np.float32(r)
+        out = np.empty_like(x)
+        want = p * base + np.float32(p * (p - 1) / 2)
+
+        def run() -> None:
+            hpcpar.allreduce(x, out=out, comm=h, compression=spec, tolerance=tolerance)
+
+        def check() -> bool:
+            return bool(np.all(np.abs(out - want) <= bound * scale))
+
+        return run, check
+
+    return make
+
+
+def _direct_float32_case(comm: Any, h: Any) -> Callable[[int], Any]:
+    from mpi4py import MPI
+
+    p, r = comm.Get_size(), comm.Get_rank()
+
+    def make(nbytes: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
+        base = (np.arange(nbytes // 4) % 251).astype(np.float32)
+        x, out = base + np.float32(r), np.empty(nbytes // 4, np.float32)
+        want = p * base + np.float32(p * (p - 1) / 2)
+        return (lambda: h.comm.Allreduce(x, out, op=MPI.SUM)), (lambda: np.array_equal(out, want))
+
+    return make
+
+
+def _compressed_sweep(comm: Any, h: Any, args: argparse.Namespace) -> list[Any]:
+    from ..collectives.compression import SCHEMES
+    from ..errors import UsageError
+
+    if args.collective != "allreduce":
+        raise UsageError("bench collectives: --compression applies to --collective allreduce")
+    schemes = [s.strip() for s in args.compression.split(",") if s.strip()]
+    unknown = sorted(set(schemes) - {*SCHEMES, "auto"})
+    if unknown or not schemes:
+        raise UsageError(
+            f"bench collectives: unknown compression {unknown or schemes}; "
+            f"choose from {', '.join([*SCHEMES, 'auto'])}"
+        )
+    variants = [
+        Variant("mpi-direct", _direct_float32_case(comm, h)),
+        Variant("exact-auto", _compressed_case(comm, h, None, args)),
+    ]
+    variants += [Variant(s, _compressed_case(comm, h, s, args)) for s in schemes]
+    title = f"collectives allreduce (float32, compressed across {h.n_nodes} node(s))"
+    return run_sweep(comm, args, variants, title=title, unit=4, peer="exact-auto")
 
 
 def _hpcpar_case(comm: Any, h: Any, collective: str, algorithm: str) -> Callable[[int], Any]:
@@ -236,6 +324,11 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:
     if args.vcluster:
         return run_on_vcluster(comm, args)
     h = hpcpar.Hierarchy(comm, layout=args.layout)
+    if args.compression:
+        try:
+            return _compressed_sweep(comm, h, args)
+        finally:
+            h.free()
     tune = ["auto-persistent", "autotune"] if args.collective == "allreduce" else []
     names = ["mpi", "auto", *tune, *[a for a in algorithms_for(args.collective) if a != "mpi"]]
     if args.algorithms:

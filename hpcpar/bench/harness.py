@@ -301,10 +301,12 @@ def run_sweep(
     title: str,
     unit: int = 1,
     predict: Callable[[str, int], float | None] | None = None,
+    peer: str | None = None,
 ) -> list[Any]:
     """Print the OSU header, sweep the sizes printing rows as they finish, return rows.
 
-    The peer and bus factor come from the benchmark named by ``args.benchmark``; the
+    The peer (unless ``peer`` names another) and bus factor come from the benchmark
+    named by ``args.benchmark``; the
     sizes and timing from the options every benchmark shares. Sizes are rounded down
     to a multiple of ``unit`` (the element size) and repeats dropped.
     """
@@ -312,7 +314,7 @@ def run_sweep(
     from ..runtime.results import mpi_library
 
     bench = benchmarks()[args.benchmark]
-    peer, bus_factor = bench.peer, bench.bus_factor
+    peer, bus_factor = peer or bench.peer, bench.bus_factor
 
     lo, hi = parse_size(args.min_size), parse_size(args.max_size)
     sizes = sorted({s - s % unit for s in size_range(lo, hi) if s - s % unit >= unit or s == 0})

@@ -79,6 +79,10 @@ def _inner_options(args: argparse.Namespace, profile: str, output: str) -> list[
     ]
     if args.algorithms:
         out += ["--algorithms", args.algorithms]
+    if getattr(args, "compression", None):
+        out += ["--compression", args.compression, "--tolerance", str(args.tolerance)]
+        if args.block:
+            out += ["--block", str(args.block)]
     if args.no_gloo:
         out.append("--no-gloo")
     return out

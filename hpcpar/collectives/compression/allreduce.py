@@ -69,6 +69,35 @@ def chunks(m: int, block: int, nodes: int) -> list[int]:
     return _block_counts(m, block, nodes)
 
 
+class _Pool:
+    """Scratch byte buffers reused across calls.
+
+    A large call would otherwise fault its pages in again each time. A buffer is out of
+    the pool while a call uses it, so calls in flight together never share one, and it
+    goes back only when its call completed (a call abandoned with messages in flight
+    keeps its buffers).
+    """
+
+    def __init__(self, keep: int = 8) -> None:
+        self.free: dict[int, list[np.ndarray]] = {}
+        self.keep = keep
+
+    def take(self, nbytes: int) -> np.ndarray:
+        spare = self.free.get(nbytes)
+        return spare.pop() if spare else np.empty(nbytes, np.uint8)
+
+    def give(self, *bufs: np.ndarray) -> None:
+        for buf in bufs:
+            spare = self.free.setdefault(buf.nbytes, [])
+            if len(spare) < 2:
+                spare.append(buf)
+        while len(self.free) > self.keep:  # the oldest sizes go first
+            self.free.pop(next(iter(self.free)))
+
+
+_POOL = _Pool()
+
+
 def _seed(call: Call, stage: int, node: int, seed: int) -> int:
     """Stochastic rounding's seed: different for every call, stage and node."""
     text = f"{seed}:{call.state.label}:{call.tag}:{stage}:{node}".encode()
@@ -155,14 +184,21 @@ def _rail(
     at = offsets(parts)
     sizes = [codec.wire_bytes(c) for c in parts]
     where = offsets(sizes)
+    wide = part.dtype == np.float64
+    sent, got, total = _POOL.take(where[-1]), _POOL.take(p * sizes[me]), _POOL.take(where[-1])
+    scratch = _POOL.take(4 * part.size) if worker is None and wide else None
+    acc = _POOL.take(parts[me] * (8 if wide else 4)).view(np.float64 if wide else np.float32)
     # stage 1: code my slice, chunk j to node j
     if worker is not None:
         v = worker
         v += part  # the residual joins the contribution; the coder leaves the new one
+    elif scratch is not None:
+        v = scratch.view(np.float32)
+        v[...] = part
     else:
-        v = part if part.dtype == np.float32 else part.astype(np.float32)
-    sent = np.empty(where[-1], np.uint8)
-    for j in range(p):
+        v = part
+    requests = []
+    for j in [*range(me + 1, p), *range(me + 1)]:  # mine last: the others leave first
         codec.encode(
             v[at[j] : at[j + 1]],
             sent[where[j] : where[j + 1]],
@@ -170,16 +206,11 @@ def _rail(
             seed=_seed(call, 1, ch.nodes[me], seed),
             start=base + at[j],
         )
-    got = np.empty(p * sizes[me], np.uint8)
-    requests = []
-    for j in range(p):
         if j != me:
             requests += ch.irecv(got[j * sizes[me] : (j + 1) * sizes[me]], j)
             requests += ch.isend(sent[where[j] : where[j + 1]], j)
     yield requests
     got[me * sizes[me] : (me + 1) * sizes[me]] = sent[where[me] : where[me + 1]]
-    acc_type = np.float64 if part.dtype == np.float64 else np.float32
-    acc = np.empty(parts[me], acc_type)
     for j in range(p):  # in node order, so every owner sums alike
         codec.decode(got[j * sizes[me] : (j + 1) * sizes[me]], acc, add=j > 0)
     call.stats.reduced_bytes += acc.nbytes * (p - 1)
@@ -188,8 +219,7 @@ def _rail(
         w = server
         w += acc
     else:
-        w = acc if acc.dtype == np.float32 else acc.astype(np.float32)
-    total = np.empty(where[-1], np.uint8)
+        w = acc if not wide else acc.astype(np.float32)
     codec.encode(
         w,
         total[where[me] : where[me + 1]],
@@ -205,6 +235,7 @@ def _rail(
     yield requests
     for j in range(p):
         codec.decode(total[where[j] : where[j + 1]], part[at[j] : at[j + 1]], add=False)
+    _POOL.give(sent, got, total, acc.view(np.uint8), *([] if scratch is None else [scratch]))
 
 
 # ---- exact counts ----------------------------------------------------------------------
