@@ -1,7 +1,8 @@
 """``hpcpar bench codecs``: the compression coders against a memory copy of the same bytes.
 
 Each variant codes a float32 vector and decodes it again (what one coding costs a
-compressed allreduce); the peer, ``memcpy``, copies the same vector once
+compressed allreduce; ``int8-feedback`` also adds the vector to the residual first, as
+error feedback does); the peer, ``memcpy``, copies the same vector once
 (``numpy.copyto``). A variant at ``vs_peer`` 2.0 codes and decodes at half the copy's
 speed. Every rank times its own core; run it on one rank for one core's figure.
 """
@@ -45,11 +46,13 @@ def _codec_case(name: str, block: int) -> Callable[[int], Any]:
 
     def make(nbytes: int) -> tuple[Callable[[], Any], Callable[[], bool]]:
         x = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
-        work = x.copy() if feedback else x
+        work = np.zeros_like(x) if feedback else x
         payload = np.empty(codec.wire_bytes(x.size), np.uint8)
         out = np.empty_like(x)
 
         def run() -> None:
+            if feedback:  # as in an allreduce: the residual joins the contribution
+                np.add(work, x, out=work)
             codec.encode(work, payload, feedback=feedback)
             codec.decode(payload, out, add=False)
 

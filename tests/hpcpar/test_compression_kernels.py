@@ -89,11 +89,12 @@ def test_1bit_codes_are_packed_signs_and_mean_magnitudes(block):
     nb = -(-x.size // block)
     scales = payload[: 4 * nb].view(np.float32)
     bits = payload[4 * nb :]
-    assert np.array_equal(bits, np.packbits(x >= 0, bitorder="little"))
+    assert np.array_equal(bits, np.packbits(~np.signbit(x), bitorder="little"))
     sizes = np.diff(np.r_[np.arange(0, x.size, block), x.size])
     mean = np.abs(_padded_blocks(x, block)).sum(1, dtype=np.float64) / sizes
     np.testing.assert_allclose(scales, mean, rtol=1e-6)
-    assert np.array_equal(out, np.where(x >= 0, 1, -1) * np.repeat(scales, block)[: x.size])
+    signs = np.where(np.signbit(x), -1, 1)
+    assert np.array_equal(out, signs * np.repeat(scales, block)[: x.size])
 
 
 def _adversarial(seed=1):

@@ -34,6 +34,7 @@ __all__ = [
     "fp16_decode",
     "bf16_encode",
     "bf16_decode",
+    "bf16_unpack",
     "FP16_BAD",
 ]
 
@@ -129,16 +130,21 @@ def int8_encode(v, bits, scales, codes, block, feedback, stochastic, seed, start
         scale = np.float32(m / 127.0)
         scales[b] = scale
         inv = np.float32(127.0 / m)
-        for i in range(vb.size):
-            t = vb[i] * inv
-            if stochastic:
-                q = np.floor(t + _uniform(seed, start + lo + i))
-            else:
-                q = np.rint(t)
-            q = min(max(q, np.float32(-127.0)), np.float32(127.0))
-            cb[i] = np.int8(q)
-            if feedback:
-                vb[i] = vb[i] - q * scale
+        if stochastic:
+            _int8_stochastic(vb, cb, inv, seed, start + lo)
+        else:  # |v| inv <= 127 (1 + 2^-23): rint stays within [-127, 127]
+            for i in range(vb.size):
+                cb[i] = np.int8(np.rint(vb[i] * inv))
+        if feedback:
+            for i in range(vb.size):
+                vb[i] -= cb[i] * scale
+
+
+@_INLINE
+def _int8_stochastic(vb, cb, inv, seed, first):
+    for i in range(vb.size):
+        q = np.floor(vb[i] * inv + _uniform(seed, first + i))
+        cb[i] = np.int8(min(max(q, np.float32(-127.0)), np.float32(127.0)))
 
 
 @_JIT
@@ -164,11 +170,12 @@ def int8_decode(scales, codes, acc, block, add):
 
 @_JIT
 def sign_encode(v, bits, scales, signs, block, feedback):
-    """Code each element as its sign (bit 1: >= 0), each block's scale as its mean |v|.
+    """Code each element as its sign bit, each block's scale as its mean |v|.
 
-    ``block`` is a multiple of 8; bit j of byte k is element 8k + j
-    (``numpy.packbits(..., bitorder="little")``). The mean |v| is the scale that
-    minimises the squared error of a sign code.
+    Bit 1 stands for a clear sign bit (+0.0 included). ``block`` is a multiple of 8;
+    bit j of byte k is element 8k + j (``numpy.packbits(~numpy.signbit(v),
+    bitorder="little")``). The mean |v| is the scale that minimises the squared error
+    of a sign code.
     """
     n = v.size
     for b in range((n + block - 1) // block):
@@ -187,15 +194,21 @@ def sign_encode(v, bits, scales, signs, block, feedback):
             total += abs(vb[i])
         scale = np.float32(total / vb.size)
         scales[b] = scale
-        for k in range(sb.size):
-            byte = 0
-            for j in range(min(8, vb.size - 8 * k)):
-                if vb[8 * k + j] >= 0:
-                    byte |= 1 << j
-            sb[k] = byte
+        bb = bits[lo:hi]
+        for k in range(vb.size // 8):
+            group = bb[8 * k : 8 * k + 8]
+            byte = np.uint32(0)
+            for j in range(8):
+                byte |= ((~group[j]) >> np.uint32(31)) << np.uint32(j)
+            sb[k] = np.uint8(byte)
+        if vb.size % 8:  # the vector's last, partial byte
+            byte = np.uint32(0)
+            for j in range(vb.size - vb.size % 8, vb.size):
+                byte |= ((~bb[j]) >> np.uint32(31)) << np.uint32(j % 8)
+            sb[sb.size - 1] = np.uint8(byte)
         if feedback:
             for i in range(vb.size):
-                vb[i] = vb[i] - scale if vb[i] >= 0 else vb[i] + scale
+                vb[i] -= scale if (sb[i >> 3] >> (i & 7)) & 1 else -scale
 
 
 @_JIT
@@ -208,12 +221,12 @@ def sign_decode(scales, signs, acc, block, add):
         ab = acc[lo:hi]
         sb = signs[lo // 8 : (hi + 7) // 8]
         s = scales[b]
-        for i in range(ab.size):
-            x = s if (sb[i >> 3] >> (i & 7)) & 1 else -s
-            if add:
-                ab[i] += x
-            else:
-                ab[i] = x
+        if add:
+            for i in range(ab.size):
+                ab[i] += s if (sb[i >> 3] >> (i & 7)) & 1 else -s
+        else:
+            for i in range(ab.size):
+                ab[i] = s if (sb[i >> 3] >> (i & 7)) & 1 else -s
 
 
 # ---- fp16: IEEE half with a power-of-two scale per block -------------------------------------
@@ -343,6 +356,13 @@ def _bf16s(cb: np.ndarray, sf: np.ndarray) -> None:
     su = sf.view(np.uint32)
     for i in range(cb.size):
         su[i] = np.uint32(cb[i]) << np.uint32(16)
+
+
+@_JIT
+def bf16_unpack(codes, out_bits):
+    """``out = bf16(code)`` for a float32 ``out`` given as its bits: one integer pass."""
+    for i in range(codes.size):
+        out_bits[i] = np.uint32(codes[i]) << np.uint32(16)
 
 
 @_JIT

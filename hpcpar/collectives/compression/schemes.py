@@ -16,7 +16,7 @@ scheme codes                            bytes/element eps
 fp16   IEEE half of v 2^e per block     2 + 4/block   2^-11 (nearest even)
 bf16   bfloat16, no blocks              2             2^-8 (nearest even)
 int8   round(v 127 / max|v|) per block  1 + 4/block   1/254 nearest, 1/127 stochastic
-1bit   sign, scale mean|v| per block    1/8 + 4/block 1 (with error feedback only)
+1bit   sign bit, mean|v| per block    1/8 + 4/block 1 (with error feedback only)
 ====== ================================ ============= =========================
 
 Non-finite inputs: a block holding a NaN or an infinity decodes to NaN in every
@@ -177,6 +177,8 @@ class Codec:
                 add,
                 _scratch(self.block),
             )
+        elif not add and acc.dtype == np.float32 and acc.flags.c_contiguous:
+            kernels.bf16_unpack(codes.view(np.uint16), acc.view(np.uint32))
         else:
             kernels.bf16_decode(codes.view(np.uint16), acc, add, _scratch(self.block))
 
