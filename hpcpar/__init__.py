@@ -53,6 +53,7 @@ _PUBLIC: dict[str, str | None] = {
     "explain": "hpcpar.collectives.cost.explain",
     "Compression": "hpcpar.collectives.compression",
     "ErrorFeedback": "hpcpar.feedback",
+    "PowerSGD": "hpcpar.powersgd",
     **dict.fromkeys(
         ("send", "recv", "isend", "irecv", "sendrecv", "send_init", "recv_init"), "hpcpar.p2p"
     ),

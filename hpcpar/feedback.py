@@ -107,6 +107,19 @@ class ErrorFeedback:
             return np.zeros(0, np.float32)
         return self._placed().sum(axis=0)
 
+    def carry(self, owed: np.ndarray) -> None:
+        """Take over ``owed`` (this vector's length, at its positions).
+
+        It joins the next contribution: residuals of buckets laid out otherwise, say.
+        """
+        owed = np.asarray(owed, np.float32).reshape(-1)
+        self._check(owed.size)
+        rows = self._placed()
+        rows[0] += owed
+        self._slice, self._chunk, self._owed = (0, 0), (0, 0), rows
+        self._worker = np.zeros(0, np.float32)
+        self._server = np.zeros(0, np.float32)
+
     def state_dict(self) -> dict[str, Any]:
         """The residuals, for ``Checkpointer.save`` (a row of a Sharded (ranks, 2, n) array)."""
         state = state_for(self.comm)

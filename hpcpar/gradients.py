@@ -19,6 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpcpar.checkpoint import Sharded
+
+from .collectives.errors import CollectiveError
+from .feedback import ErrorFeedback
+
 __all__ = [
     "MIB",
     "CANDIDATES",
@@ -62,6 +67,9 @@ class Bucket:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.seconds = 0.0  # the last reduction's time, from its start to its end
+        self.compression: Any = None  # a Compression: the gradients are coded across nodes
+        self.feedback: Any = None  # their ErrorFeedback
+        self.powersgd: Any = None  # or their low-rank state (hpcpar.PowerSGD)
 
     def reset(self) -> None:
         """Empty the bucket for the next pass."""
@@ -141,17 +149,29 @@ def reduce_bucket(
     try:
         if bucket.flat.is_cuda:  # the copies into the bucket ran on the current stream
             torch.cuda.current_stream(bucket.flat.device).synchronize()
-        if sleep:
-            request = hpcpar.iallreduce(
-                bucket.array, op, out=bucket.array, comm=comm, algorithm=algorithm
-            )
-            pause, spin = _FIRST_PAUSE_S, time.perf_counter() + _SPIN_S
-            while not request.test():
-                if time.perf_counter() > spin:
-                    time.sleep(pause)
-                    pause = min(2 * pause, _LONGEST_PAUSE_S)
-        else:
-            hpcpar.allreduce(bucket.array, op, out=bucket.array, comm=comm, algorithm=algorithm)
+        parts = [(bucket.array, {"algorithm": algorithm})]
+        if bucket.powersgd is not None:  # the gradients low-rank, the counts exact
+            views = [
+                bucket.array[bucket.offsets[i] : bucket.offsets[i + 1]].reshape(p.shape)
+                for i, p in enumerate(bucket.params)
+            ]
+            for view, total in zip(views, bucket.powersgd.allreduce(views), strict=True):
+                view[...] = total
+            parts = [(bucket.array[bucket.offsets[-1] :], {})] if bucket.counts else []
+        elif bucket.compression is not None:  # the gradients coded, the counts exact
+            grads, counts = bucket.array[: bucket.offsets[-1]], bucket.array[bucket.offsets[-1] :]
+            coded = {"compression": bucket.compression, "feedback": bucket.feedback}
+            parts = [(grads, coded)] + ([(counts, {})] if counts.size else [])
+        for array, how in parts:
+            if sleep:
+                request = hpcpar.iallreduce(array, op, out=array, comm=comm, **how)
+                pause, spin = _FIRST_PAUSE_S, time.perf_counter() + _SPIN_S
+                while not request.test():
+                    if time.perf_counter() > spin:
+                        time.sleep(pause)
+                        pause = min(2 * pause, _LONGEST_PAUSE_S)
+            else:
+                hpcpar.allreduce(array, op, out=array, comm=comm, **how)
     except BaseException as exc:  # handed to the thread that waits
         bucket.error = exc
     finally:
@@ -284,6 +304,11 @@ class GradientSync:
         dtype_of: Each parameter's bucket type (its own by default).
         counts: Count which ranks used each parameter (``Bucket``).
         groups: Indices into ``params`` that form the buckets instead of a size.
+        compression: A ``hpcpar.Compression`` (or scheme name) for the gradients'
+            allreduces (the counts stay exact), or a ``hpcpar.PowerSGD`` whose settings
+            each bucket's own low-rank state copies; None: exact.
+        error_feedback: Keep each bucket's coding residual (``hpcpar.ErrorFeedback``)
+            and add it to the next pass's gradients.
     """
 
     def __init__(
@@ -298,7 +323,18 @@ class GradientSync:
         dtype_of: Any = None,
         counts: bool = True,
         groups: list[list[int]] | None = None,
+        compression: Any = None,
+        error_feedback: bool = False,
     ) -> None:
+        from .collectives.compression import as_compression
+        from .powersgd import PowerSGD
+
+        self.powersgd = compression if isinstance(compression, PowerSGD) else None
+        self.compression = None if self.powersgd else as_compression(compression)
+        if error_feedback and self.compression is None:
+            raise CollectiveError("error_feedback=True needs a compression")
+        self.error_feedback = bool(error_feedback)
+        self.buckets: list[Bucket] = []
         self.params, self.hierarchy, self.algorithm = params, hierarchy, algorithm
         self.op, self.dtype_of, self.counts, self.groups = op, dtype_of, counts, groups
         auto = limit is None and groups is None
@@ -323,10 +359,71 @@ class GradientSync:
         return self._reducer is not None
 
     def _set_buckets(self, limit: int) -> None:
+        owed = self._owed_by_param() if self.buckets else {}
         self.buckets = make_buckets(
             self.params, limit, dtype_of=self.dtype_of, counts=self.counts, groups=self.groups
         )
         self._where = {id(p): (b, slot) for b in self.buckets for slot, p in enumerate(b.params)}
+        for bucket in self.buckets:
+            bucket.compression = self.compression
+            if self.powersgd is not None:
+                bucket.powersgd = self.powersgd.like()
+            if self.error_feedback:
+                bucket.feedback = ErrorFeedback(self.hierarchy)
+        self._carry(owed)
+
+    def _owed_by_param(self) -> dict[int, np.ndarray]:
+        """What the buckets' error feedback holds, parameter by parameter."""
+        out: dict[int, np.ndarray] = {}
+        for bucket in self.buckets:
+            if bucket.feedback is None or bucket.feedback.n is None:
+                continue
+            held = bucket.feedback.owed()
+            for slot, p in enumerate(bucket.params):
+                out[id(p)] = held[bucket.offsets[slot] : bucket.offsets[slot + 1]]
+        return out
+
+    def _carry(self, owed: dict[int, np.ndarray]) -> None:
+        """Hand what is owed per parameter to the buckets that hold them now."""
+        if not owed:
+            return
+        for bucket in self.buckets:
+            if bucket.feedback is None:
+                continue
+            vector = np.zeros(bucket.offsets[-1], np.float32)
+            for slot, p in enumerate(bucket.params):
+                if id(p) in owed:
+                    vector[bucket.offsets[slot] : bucket.offsets[slot + 1]] = owed[id(p)]
+            bucket.feedback.carry(vector)
+
+    def feedback_state(self) -> dict[str, Any]:
+        """The error feedback's residuals for a checkpoint: a ``Sharded`` row per rank.
+
+        Held per parameter (in ``params`` order), so a restore with other buckets, or on
+        another rank count (the rows each rank receives are summed), keeps what is owed.
+        """
+        owed = self._owed_by_param()
+        row = np.concatenate(
+            [owed.get(id(p), np.zeros(p.numel(), np.float32)).reshape(-1) for p in self.params]
+        ).astype(np.float32)
+        state = self.hierarchy
+        rank, size = state.comm.Get_rank(), state.comm.Get_size()
+        return {"owed": Sharded(row[None], (size, row.size), (rank, 0))}
+
+    def load_feedback_state(self, saved: dict[str, Any]) -> None:
+        """Take back what ``feedback_state`` saved (any rank count)."""
+        leaf = saved.get("owed") if isinstance(saved, dict) else None
+        block = np.asarray(leaf.block if isinstance(leaf, Sharded) else leaf, np.float32)
+        total = sum(p.numel() for p in self.params)
+        if block.ndim != 2 or block.shape[1] != total:
+            raise CollectiveError(
+                f"feedback state has shape {block.shape}, not (rows, {total}) for these parameters"
+            )
+        if not self.error_feedback:
+            return
+        held = block.sum(axis=0)
+        starts = np.cumsum([0] + [p.numel() for p in self.params])
+        self._carry({id(p): held[starts[i] : starts[i + 1]] for i, p in enumerate(self.params)})
 
     def filled(self, param: Any) -> bool:
         """Whether ``param``'s gradient is in its bucket for this pass."""

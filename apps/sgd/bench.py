@@ -9,7 +9,10 @@ network through hpcpar's ``DataParallel`` (``torch-hpcpar`` as it chooses;
 ``torch-hpcpar-thread`` reducing its buckets on a thread during the backward pass,
 ``torch-hpcpar-after`` after it), and, for the linear model, scikit-learn's
 ``SGDClassifier`` on rank 0. Variants are interleaved over ``--repeats`` runs of
-``--epochs`` epochs.
+``--epochs`` epochs. ``--compression int8,1bit`` adds ``torch-hpcpar-int8`` and
+``torch-hpcpar-1bit`` (gradients coded across nodes, int8 and 1bit with error feedback),
+each reported with its time to the exact ``torch-hpcpar``'s final accuracy
+(``powersgd``: PowerSGD at ``--powersgd-rank``, exact for ``--powersgd-start`` steps).
 
 Figures per variant: samples/s (median over every timed epoch, min, max and the
 quartile spread), time to ``--target`` test accuracy (median over the runs; training
@@ -35,13 +38,14 @@ from hpcpar.bench.on_vcluster import add_vcluster_arguments, rerun_on_vcluster
 from hpcpar.cli.common import integer, real
 from hpcpar.plugins import Benchmark, register
 
-from .cli import bucket_bytes, bucket_mib
+from .cli import add_powersgd_arguments, bucket_bytes, bucket_mib
 from .gloo import torch_group
 from .torch_peer import TorchRun, state_bytes, torch_accuracy, torch_epoch
 
 __all__: list[str] = []
 
 MODES = ("sync", "local", "async", "hogwild")
+_CODED = ("fp16", "bf16", "int8", "1bit", "powersgd")  # --compression
 # the torch variants: the same network through torch DDP or hpcpar's DataParallel
 _TORCH = {
     "torch-ddp-gloo": "ddp",
@@ -93,6 +97,15 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "that ZeRO-1 shards",
     )
     parser.add_argument("--no-torch", action="store_true", help="skip the torch DDP peer")
+    parser.add_argument(
+        "--compression",
+        default=None,
+        metavar="S,T",
+        help="also train torch-hpcpar with these gradient compressions (fp16, bf16, int8, "
+        "1bit, powersgd; int8 and 1bit with error feedback) and report each one's time "
+        "to the exact torch-hpcpar's final accuracy",
+    )
+    add_powersgd_arguments(parser)
     add_vcluster_arguments(parser, profile="HPCPAR_PROFILE")
     parser.add_argument("--seed", type=integer(0), default=0)
 
@@ -283,6 +296,41 @@ def _summary(variant: str, runs: list[dict], args: argparse.Namespace, ranks: in
     return doc
 
 
+def _time_to_exact(docs: list[dict], runs: dict[str, list[dict]], say: Any) -> None:
+    """Each compressed variant's time to the exact ``torch-hpcpar``'s final accuracy."""
+    exact = next((d for d in docs if d["variant"] == "torch-hpcpar"), None)
+    if exact is None:
+        return
+    goal = exact["final_test_accuracy"]
+
+    def reach(variant: str) -> float | None:
+        times = []
+        for run in runs[variant]:
+            clock = 0.0
+            for ep in run["epochs"]:
+                clock += ep["seconds"]
+                if ep["accuracy"] >= goal:
+                    times.append(clock)
+                    break
+        return statistics.median(times) if len(times) == len(runs[variant]) else None
+
+    base = reach("torch-hpcpar")
+    for d in docs:
+        if d["variant"].startswith("torch-hpcpar-") and d["variant"].split("-")[-1] in _CODED:
+            t = reach(d["variant"])
+            d["time_to_exact_accuracy_s"] = t
+            d["speedup_to_exact_accuracy"] = base / t if base and t else None
+            say(
+                f"# {d['variant']}: to torch-hpcpar's final accuracy {goal:.4f} in "
+                + ("-" if t is None else f"{t:.3f} s")
+                + f" (exact {'-' if base is None else f'{base:.3f} s'}"
+                + ("" if not (base and t) else f", {base / t:.2f}x shorter")
+                + f"); final accuracy {d['final_test_accuracy']:.4f} "
+                f"({100 * (d['final_test_accuracy'] - goal):+.2f} points)",
+                flush=True,
+            )
+
+
 def _torch_overlap(docs: list[dict]) -> None:
     """The DataParallel variants' overlap: ``1 - exposed wait / the after-the-pass wait``.
 
@@ -328,11 +376,20 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:  # noqa: PLR0912, PL
     if size > 1 and "sync" in modes:
         variants.append("hpcpar-sync@1")
     dist = None if args.no_torch else torch_group(comm)
+    coded = [c.strip() for c in (args.compression or "").split(",") if c.strip()]
+    if any(c not in _CODED for c in coded):
+        raise UsageError(f"bench sgd: --compression takes {', '.join(_CODED)}, not {coded}")
     if dist is not None:
         import torch
 
         torch.set_num_threads(threads)
         variants.extend(_TORCH)
+    if coded:
+        if dist is None:
+            raise UsageError("bench sgd: --compression trains torch variants: pip install torch")
+        for c in coded:
+            _TORCH[f"torch-hpcpar-{c}"] = f"coded-{c}"
+            variants.append(f"torch-hpcpar-{c}")
     if args.model == "softmax" and not hasattr(data.x_train, "tocsr"):
         variants.append("sklearn-sgdclassifier")
     peer = "torch-ddp-gloo" if dist is not None else variants[0]
@@ -357,6 +414,7 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:  # noqa: PLR0912, PL
                 runs[variant].append(result)
     docs = [_summary(v, runs[v], args, size) for v in variants]
     _torch_overlap(docs)
+    _time_to_exact(docs, runs, say)
     base = next(d for d in docs if d["variant"] == peer)["samples_per_s_median"]
     alone = next((d for d in docs if d["variant"] == "hpcpar-sync@1"), None)
     say(

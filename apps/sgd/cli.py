@@ -42,6 +42,20 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "two-level scatter and gather with --layout)",
     )
     parser.add_argument(
+        "--compression",
+        choices=("fp16", "bf16", "int8", "1bit", "powersgd"),
+        default=None,
+        help="torch, mode sync: code the gradients across nodes (hpcpar's compressed "
+        "allreduce; exact inside a node), or powersgd (low-rank, with error feedback); "
+        "default exact",
+    )
+    add_powersgd_arguments(parser)
+    parser.add_argument(
+        "--error-feedback",
+        action="store_true",
+        help="with --compression: add what coding lost to the next step's gradients",
+    )
+    parser.add_argument(
         "--outer-lr",
         type=real(0, above=True),
         default=None,
@@ -225,6 +239,29 @@ def _train(
         )
 
 
+def add_powersgd_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--powersgd-rank`` and ``--powersgd-start``."""
+    parser.add_argument(
+        "--powersgd-rank", type=integer(1), default=4, help="PowerSGD's rank (default 4)"
+    )
+    parser.add_argument(
+        "--powersgd-start",
+        type=integer(0),
+        default=10,
+        help="PowerSGD: exact steps before the approximation starts (default 10)",
+    )
+
+
+def compression_of(args: argparse.Namespace, comm: Any) -> Any:
+    """What ``DataParallel(compression=...)`` takes for ``--compression``."""
+    name = getattr(args, "compression", None)
+    if name != "powersgd":
+        return name
+    from hpcpar.powersgd import PowerSGD
+
+    return PowerSGD(args.powersgd_rank, comm=comm, start_powerSGD_iter=args.powersgd_start)
+
+
 def _check(args: argparse.Namespace) -> None:
     from hpcpar.errors import UsageError
 
@@ -237,6 +274,21 @@ def _check(args: argparse.Namespace) -> None:
         for name in ("outer_lr", "outer_momentum")
         if getattr(args, name, None) is not None
     ]
+    if getattr(args, "error_feedback", False) and getattr(args, "compression", None) in (
+        None,
+        "powersgd",
+    ):
+        raise UsageError(
+            "sgd: --error-feedback needs --compression fp16, bf16, int8 or 1bit "
+            "(powersgd keeps its own)"
+        )
+    if getattr(args, "compression", None) and (
+        args.framework != "torch" or args.mode != "sync" or args.zero
+    ):
+        raise UsageError(
+            "sgd: --compression codes the gradients of --framework torch --mode sync "
+            "(without --zero)"
+        )
     if outer and (args.framework != "torch" or args.mode != "local"):
         raise UsageError(
             f"sgd: {' and '.join(outer)} set the outer steps of --framework torch --mode "

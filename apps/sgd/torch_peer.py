@@ -25,8 +25,9 @@ class TorchRun:
     ``wrap``: ``ddp`` (torch's ``DistributedDataParallel``), ``hpcpar`` (hpcpar's
     ``DataParallel`` as it chooses), ``thread`` (its buckets reduced on a thread during
     the backward pass), ``after`` (after it), ``zero`` (``ZeroOptimizer``: the optimizer
-    state sharded over the ranks) or ``zero-2l`` (the same with its two-level scatter
-    and gather).
+    state sharded over the ranks), ``zero-2l`` (the same with its two-level scatter
+    and gather) or ``coded-S`` (``DataParallel`` with compression S; error feedback for
+    int8 and 1bit; ``coded-powersgd``: PowerSGD at ``--powersgd-rank``).
     """
 
     def __init__(
@@ -57,7 +58,20 @@ class TorchRun:
             )
         else:
             overlap = {"hpcpar": None, "thread": True, "after": False}.get(wrap, False)
-            self.ddp = DataParallel(self.net, comm=h, bucket_mib=args.bucket_mib, overlap=overlap)
+            scheme = wrap.removeprefix("coded-") if wrap.startswith("coded-") else None
+            how: Any = scheme
+            if scheme == "powersgd":
+                from hpcpar.powersgd import PowerSGD
+
+                how = PowerSGD(args.powersgd_rank, comm=h, start_powerSGD_iter=args.powersgd_start)
+            self.ddp = DataParallel(
+                self.net,
+                comm=h,
+                bucket_mib=args.bucket_mib,
+                overlap=None if scheme else overlap,
+                compression=how,
+                error_feedback=scheme in ("int8", "1bit"),
+            )
         lr = args.lr / 100 if args.optimizer == "adam" else args.lr
         make = {
             "sgd": lambda p: torch.optim.SGD(p, lr=lr),

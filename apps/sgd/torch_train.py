@@ -114,14 +114,12 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
     check_torch_model(args.model, data.n_features)
     import torch  # after the checks: a bad run is refused without torch's import time
 
-    from .torch import DataParallel
-
     net = build_torch_model(args.model, data.n_features, data.n_classes, args.hidden, args.seed)
     h = Hierarchy(comm, layout=args.layout)
-    model = DataParallel(net, comm=h, bucket_mib=args.bucket_mib)
+    model = _data_parallel(args, net, h)
     opt = _optimizer(args, model)
     n_params = sum(p.numel() for p in net.parameters())
-    ck, step, rows = _resume(args, h, net, opt)
+    ck, step, rows = _resume(args, h, model, opt)
     say(
         f"# hpcpar sgd: torch {args.model} ({n_params} parameters) on {args.dataset} "
         f"({n} training rows), {size} rank(s), global batch {args.batch}, lr {args.lr}, "
@@ -160,6 +158,20 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
     return rows, params
 
 
+def _data_parallel(args: argparse.Namespace, net: Any, h: Any) -> Any:
+    """The model wrapped for data-parallel training as ``args`` say (buckets, compression)."""
+    from .cli import compression_of
+    from .torch import DataParallel
+
+    return DataParallel(
+        net,
+        comm=h,
+        bucket_mib=args.bucket_mib,
+        compression=compression_of(args, h),
+        error_feedback=getattr(args, "error_feedback", False),
+    )
+
+
 def _epoch(
     comm: Any,
     args: argparse.Namespace,
@@ -196,11 +208,11 @@ def _epoch(
         loss_sum += float(loss.detach()) / weight * mine.numel()
         step = e * steps + index + 1
         if ck is not None and every and step % every == 0 and index + 1 < steps:
-            ck.save(step, _state(args, model.module, opt, step, rows))
+            ck.save(step, _state(args, model, opt, step, rows))
     row = _row(comm, args, model, data, e, loss_sum, t0, steps - start)
     step = (e + 1) * steps
     if ck is not None and every and step % every == 0:  # with the epoch's figures
-        ck.save(step, _state(args, model.module, opt, step, [*rows, row]))
+        ck.save(step, _state(args, model, opt, step, [*rows, row]))
     return row
 
 
@@ -268,17 +280,21 @@ def _accuracy(net: Any, data: Any) -> float:
 _HISTORY = ("epoch", "loss", "test_accuracy", "seconds", "samples_per_s", "comm_seconds")
 
 
-def _state(args: argparse.Namespace, net: Any, opt: Any, step: int, rows: list) -> dict[str, Any]:
+def _state(args: argparse.Namespace, model: Any, opt: Any, step: int, rows: list) -> dict[str, Any]:
     """What a resume needs.
 
     The model once (every rank holds the same), the optimizer's state (``--zero``: each
-    rank's slice, ``Sharded``), the data position and torch's random state.
+    rank's slice, ``Sharded``), the data position, torch's random state, and with
+    ``--error-feedback`` the coding residuals (a ``Sharded`` row per rank).
     """
     import torch
     from hpcpar.checkpoint import Replicated
 
+    net = model.module
     table = [[float(r[c]) for c in _HISTORY] for r in rows]
+    extra = {"feedback": model.feedback_state()} if getattr(args, "error_feedback", 0) else {}
     return {
+        **extra,
         "app": "sgd-torch",
         "model": args.model,
         "dataset": args.dataset,
@@ -360,8 +376,9 @@ def _load_optimizer(opt: Any, saved: dict[str, Any]) -> None:
         load(opt, saved["inner"])
 
 
-def _resume(args: argparse.Namespace, h: Any, net: Any, opt: Any) -> tuple[Any, int, list]:
+def _resume(args: argparse.Namespace, h: Any, model: Any, opt: Any) -> tuple[Any, int, list]:
     """The checkpointer (or None), the step to start from and the finished epochs' rows."""
+    net = model.module
     if not args.checkpoint:
         return None, 0, []
     import torch
@@ -393,6 +410,8 @@ def _resume(args: argparse.Namespace, h: Any, net: Any, opt: Any) -> tuple[Any, 
         )
         _load_optimizer(opt, state["optimizer"])
         torch.set_rng_state(torch.from_numpy(np.asarray(state["rng"])))
+        if "feedback" in state:  # what coding lost before the checkpoint is still owed
+            model.load_feedback_state(state["feedback"])
     except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as exc:
         raise SgdError(
             f"{args.checkpoint}: the checkpoint does not fit this model ({exc})"

@@ -246,3 +246,66 @@ def test_local_sgd_averages_the_moves_of_independent_inner_steps(comm, outer):
     assert_all(worst < 1e-12, f"local SGD differs from the hand-made steps by {worst}", comm)
     with pytest.raises(SgdError, match="steps must be a positive integer"):
         LocalSGD(model, inner, steps=0)
+
+
+def _grads(model, rows):
+    x, y = data(1)
+    model.module.zero_grad()
+    torch.nn.functional.cross_entropy(model(x[0][rows]), y[0][rows]).backward()
+    return np.concatenate([p.grad.numpy().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("layout", ["ppn:1", "ppn:2"])
+def test_compressed_gradients_are_within_the_bound_and_exact_on_one_node(comm, layout):
+    from hpcpar.collectives.compression import codec_for
+
+    with hpcpar.Hierarchy(comm, layout=layout) as h:
+        with DataParallel(make_net(), comm=h, bucket_mib=1e-6, overlap=False) as exact:
+            want = _grads(exact, my_rows(comm))
+        with DataParallel(
+            make_net(), comm=h, bucket_mib=1e-6, overlap=False, compression="bf16"
+        ) as coded:
+            got = _grads(coded, my_rows(comm))
+            nodes = h.n_nodes
+    if nodes == 1:
+        assert_all(np.array_equal(got, want), "one node: the exact gradients", comm)
+    else:  # per element within the bound times the ranks' largest gradients, averaged
+        scale = float(np.abs(want).max()) * comm.Get_size()
+        limit = codec_for("bf16").bound(nodes) * scale / comm.Get_size() + 1e-12
+        err = float(np.abs(got - want).max())
+        assert_all(0 < err <= limit, f"bf16 gradients off by {err} (bound {limit})", comm)
+
+
+def test_error_feedback_state_survives_a_checkpoint_on_other_buckets(comm):
+    with hpcpar.Hierarchy(comm, layout="ppn:1") as h:
+        with DataParallel(
+            make_net(),
+            comm=h,
+            bucket_mib=1e-6,
+            overlap=False,
+            compression="1bit",
+            error_feedback=True,
+        ) as model:
+            train(model, my_rows(comm), steps=2)
+            saved = model.feedback_state()
+            held = np.sum(comm.allgather(saved["owed"].block), axis=0)
+        with DataParallel(
+            make_net(),
+            comm=h,
+            bucket_mib=25.0,
+            overlap=False,
+            compression="1bit",
+            error_feedback=True,
+        ) as other:  # one bucket now: what each parameter is owed moves with it
+            other.load_feedback_state({"owed": saved["owed"].block})
+            again = np.sum(comm.allgather(other.feedback_state()["owed"].block), axis=0)
+    ok = np.allclose(again, held, atol=1e-6) and (h.n_nodes == 1 or np.abs(held).max() > 0)
+    assert_all(ok, "the owed residuals after a restore into other buckets", comm)
+
+
+@pytest.mark.reliability("bad_input")
+def test_bad_compression_arguments_are_sgd_errors(comm):
+    with pytest.raises(SgdError, match="unknown compression"):
+        DataParallel(make_net(), comm=comm, compression="zip")
+    with pytest.raises(SgdError, match="needs a compression"):
+        DataParallel(make_net(), comm=comm, error_feedback=True)

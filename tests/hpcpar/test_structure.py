@@ -114,6 +114,7 @@ LAYERS = [
             "hpcpar.checkpoint",
             "hpcpar.gradients",
             "hpcpar.feedback",
+            "hpcpar.powersgd",
         ],
     ),
     (

@@ -37,6 +37,12 @@ class DataParallel:
             ``None`` (default): the thread where this host has a core for it (more
             usable cores than ranks on the host), since a thread that must share its
             rank's core with the backward pass slows both.
+        compression: None (exact), or a scheme (``"int8"``, ``"fp16"``, ``"bf16"``,
+            ``"1bit"``, a ``hpcpar.Compression``) for the gradients' allreduces: coded
+            only across nodes (``hpcpar.collectives.compression``); or a
+            ``hpcpar.PowerSGD`` (its settings; every bucket keeps its own state).
+        error_feedback: Keep what coding loses and add it to the next step's gradients
+            (``hpcpar.ErrorFeedback``); needed for ``1bit`` to converge.
 
     Attributes:
         hierarchy: The gradients' own ``Hierarchy`` (a duplicate of ``comm``): the
@@ -58,9 +64,13 @@ class DataParallel:
         bucket_mib: float | str = "auto",
         algorithm: str = "auto",
         overlap: bool | None = None,
+        compression: Any = None,
+        error_feedback: bool = False,
     ) -> None:
         from mpi4py import MPI
 
+        from hpcpar.collectives.compression import as_compression
+        from hpcpar.collectives.errors import CollectiveError
         from hpcpar.runtime.comm import resolve_comm
         from hpcpar.topology import Hierarchy
 
@@ -73,6 +83,14 @@ class DataParallel:
             raise SgdError(
                 f"bucket_mib must be a positive number of MiB or 'auto', not {bucket_mib!r}"
             )
+        from hpcpar.powersgd import PowerSGD
+
+        try:
+            spec = compression if isinstance(compression, PowerSGD) else as_compression(compression)
+        except CollectiveError as exc:
+            raise SgdError(f"DataParallel: {exc}") from None
+        if error_feedback and spec is None:
+            raise SgdError("DataParallel: error_feedback=True needs a compression")
         self.module, self.algorithm = module, algorithm
         base = resolve_comm(comm)
         self.rank, self.size = base.Get_rank(), base.Get_size()
@@ -98,6 +116,8 @@ class DataParallel:
             limit=None if auto else int(bucket_mib * MIB),
             algorithm=algorithm,
             overlap=bool(overlap) and threads_ok,
+            compression=spec,
+            error_feedback=error_feedback,
         )
         if not auto:
             self.sync.plan = (
@@ -127,6 +147,19 @@ class DataParallel:
     def overlap(self) -> bool:
         """Whether buckets are reduced on a communication thread during the pass."""
         return self.sync.overlap
+
+    @property
+    def compression(self) -> Any:
+        """The gradients' ``hpcpar.Compression`` or ``hpcpar.PowerSGD`` (None: exact)."""
+        return self.sync.powersgd or self.sync.compression
+
+    def feedback_state(self) -> dict[str, Any]:
+        """The error feedback's residuals, for a checkpoint (``GradientSync.feedback_state``)."""
+        return self.sync.feedback_state()
+
+    def load_feedback_state(self, saved: dict[str, Any]) -> None:
+        """Take back what ``feedback_state`` saved (any rank count)."""
+        self.sync.load_feedback_state(saved)
 
     @property
     def comm_seconds(self) -> float:

@@ -44,13 +44,14 @@ class SchemePrediction:
         scheme: Its name (``"exact"`` for the uncompressed allreduce).
         prediction: The model's time and its parts (``codec``: coding and decoding).
         bound: The result's error bound (relative to the nodes' block maxima summed).
-        wire_bytes: Bytes the slowest rank sends across nodes.
+        wire_bytes: Bytes the slowest rank sends across nodes (None: not counted, as
+            for the library's call or a pipelined schedule).
     """
 
     scheme: str
     prediction: Prediction
     bound: float
-    wire_bytes: int
+    wire_bytes: int | None
 
 
 def predict_scheme(
@@ -94,7 +95,9 @@ def rank_schemes(
     rounding: str = "nearest",
 ) -> list[SchemePrediction]:
     """The exact allreduce (``exact``, the model's best) and every scheme, fastest first."""
-    out = [SchemePrediction("exact", exact, 0.0, exact.counts.bytes_inter if exact.counts else 0)]
+    out = [
+        SchemePrediction("exact", exact, 0.0, exact.counts.bytes_inter if exact.counts else None)
+    ]
     for name in SCHEMES:
         if name == "1bit" and block % 8:
             continue

@@ -82,7 +82,8 @@ class Plan:
             for entry in self.schemes:
                 pred = entry.prediction
                 lines.append(
-                    f"{entry.scheme:<20}{pred.seconds * 1e6:>14.1f}{entry.wire_bytes:>12}"
+                    f"{entry.scheme:<20}{pred.seconds * 1e6:>14.1f}"
+                    f"{'-' if entry.wire_bytes is None else entry.wire_bytes:>12}"
                     f"{pred.parts.get('codec', 0.0) * 1e6:>10.1f}{entry.bound:>13.3g}"
                 )
         return "\n".join(lines)
