@@ -48,9 +48,8 @@ class ErrorFeedback:
     def __init__(self, comm: Any = None) -> None:
         self.comm = comm
         self.n: int | None = None
-        self._slice: _Span = (0, 0)
-        self._chunk: _Span = (0, 0)
-        self._worker = np.zeros(0, np.float32)
+        self._key: tuple[Any, ...] | None = None  # the spans the residuals are for
+        self._worker = np.zeros(0, np.float32)  # the whole vector's positions
         self._server = np.zeros(0, np.float32)
         self._owed: np.ndarray | None = None  # (2, n) restored rows not yet placed
 
@@ -62,33 +61,47 @@ class ErrorFeedback:
                 f"ErrorFeedback holds residuals of {self.n} elements, not {n}: "
                 "use one ErrorFeedback per vector"
             )
+        if self._worker.size != n:
+            self._worker = np.zeros(n, np.float32)
+            self._server = np.zeros(n, np.float32)
 
     def _placed(self) -> np.ndarray:
         """Everything held, as (2, n): worker and server residuals at their positions."""
         assert self.n is not None
         rows = np.zeros((2, self.n), np.float32) if self._owed is None else self._owed.copy()
-        rows[0, self._slice[0] : self._slice[1]] += self._worker
-        rows[1, self._chunk[0] : self._chunk[1]] += self._server
+        if self._worker.size:
+            rows[0] += self._worker
+            rows[1] += self._server
         return rows
 
-    def residuals(
-        self, n: int, part: _Span, chunk: _Span
-    ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-        """The residuals of ``part`` (the slice coded) and ``chunk`` (the total coded).
+    def _reset(self, owed: np.ndarray | None) -> None:
+        self._key, self._owed = None, owed
+        self._worker[...] = 0
+        self._server[...] = 0
 
-        Returns ``(extra, worker, server)``: ``extra`` is what this rank must add to its
-        contribution once (residuals of another slice or chunk, or restored), or None.
+    def residuals(
+        self, n: int, parts: list[_Span], chunks: list[_Span]
+    ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        """The residuals for a call that codes ``parts`` (slices) and ``chunks`` (totals).
+
+        Returns ``(extra, worker, server)``: ``worker`` and ``server`` are whole-vector
+        float32 arrays whose spans the coder uses; ``extra`` is what this rank must add
+        to its contribution once (residuals of spans it no longer codes, or restored
+        ones), or None.
         """
         self._check(n)
-        if part == self._slice and chunk == self._chunk and self._owed is None:
+        key = (tuple(parts), tuple(chunks))
+        if key == self._key and self._owed is None:
             return None, self._worker, self._server
         rows = self._placed()
-        self._slice, self._chunk, self._owed = part, chunk, None
-        self._worker = rows[0, part[0] : part[1]].copy()
-        self._server = rows[1, chunk[0] : chunk[1]].copy()
-        rows[0, part[0] : part[1]] = 0
-        rows[1, chunk[0] : chunk[1]] = 0
-        extra = rows.sum(axis=0)
+        keep = np.zeros((2, n), bool)
+        for row, spans in ((0, parts), (1, chunks)):
+            for a, b in spans:
+                keep[row, a:b] = True
+        self._worker[...] = np.where(keep[0], rows[0], 0)
+        self._server[...] = np.where(keep[1], rows[1], 0)
+        extra = np.where(keep, 0, rows).sum(axis=0, dtype=np.float32)
+        self._key, self._owed = key, None
         return (extra if extra.any() else None), self._worker, self._server
 
     def settle(self, work: np.ndarray) -> None:
@@ -97,9 +110,7 @@ class ErrorFeedback:
         rows = self._placed()
         if rows.any():
             work += rows.sum(axis=0).astype(work.dtype, copy=False)
-        self._slice, self._chunk, self._owed = (0, 0), (0, 0), None
-        self._worker = np.zeros(0, np.float32)
-        self._server = np.zeros(0, np.float32)
+        self._reset(None)
 
     def owed(self) -> np.ndarray:
         """What this rank holds in all (the residuals summed at their positions)."""
@@ -116,9 +127,7 @@ class ErrorFeedback:
         self._check(owed.size)
         rows = self._placed()
         rows[0] += owed
-        self._slice, self._chunk, self._owed = (0, 0), (0, 0), rows
-        self._worker = np.zeros(0, np.float32)
-        self._server = np.zeros(0, np.float32)
+        self._reset(rows)
 
     def state_dict(self) -> dict[str, Any]:
         """The residuals, for ``Checkpointer.save`` (a row of a Sharded (ranks, 2, n) array)."""
@@ -140,7 +149,6 @@ class ErrorFeedback:
             )
         n = block.shape[2]
         self.n = n if n else None
-        self._slice, self._chunk = (0, 0), (0, 0)
-        self._worker = np.zeros(0, np.float32)
-        self._server = np.zeros(0, np.float32)
-        self._owed = block.sum(axis=0) if n else None
+        self._worker = np.zeros(n, np.float32)
+        self._server = np.zeros(n, np.float32)
+        self._reset(block.sum(axis=0) if n else None)

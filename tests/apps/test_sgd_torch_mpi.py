@@ -309,3 +309,29 @@ def test_bad_compression_arguments_are_sgd_errors(comm):
         DataParallel(make_net(), comm=comm, compression="zip")
     with pytest.raises(SgdError, match="needs a compression"):
         DataParallel(make_net(), comm=comm, error_feedback=True)
+
+
+def test_powersgd_buckets_warm_up_exact_then_approximate_the_matrices(comm):
+    with hpcpar.Hierarchy(comm, layout="ppn:1") as h:
+        with DataParallel(make_net(), comm=h, bucket_mib=25.0, overlap=False) as exact:
+            want = _grads(exact, my_rows(comm))
+        psgd = hpcpar.PowerSGD(2, comm=h, start_powerSGD_iter=1, min_compression_rate=1.0)
+        with DataParallel(
+            make_net(), comm=h, bucket_mib=25.0, overlap=False, compression=psgd
+        ) as model:
+            first = _grads(model, my_rows(comm))  # the warm-up step: exact
+            second = _grads(model, my_rows(comm))  # the same step again, approximated
+            shapes = [tuple(p.shape) for p in model.parameters()]
+            nodes = h.n_nodes
+    ok = np.allclose(first, want, rtol=0, atol=1e-12)
+    at = 0
+    for shape in shapes:
+        n = int(np.prod(shape))
+        a, b = second[at : at + n], want[at : at + n]
+        at += n
+        if len(shape) == 1 or nodes == 1:  # vectors (and everything on one node) exact
+            ok = ok and np.allclose(a, b, rtol=0, atol=1e-12)
+        else:  # a projection of the exact sum: never farther from it than its norm
+            ok = ok and np.linalg.norm(a - b) <= np.linalg.norm(b) * (1 + 1e-9)
+    ok = ok and (nodes == 1 or not np.allclose(second, want, atol=1e-9))
+    assert_all(ok, "PowerSGD buckets", comm)

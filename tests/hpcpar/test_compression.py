@@ -287,3 +287,31 @@ def test_ranks_that_disagree_on_the_scheme_fail_together(comm):
     after = hpcpar.allreduce(np.ones(10, np.float32), comm=h, compression="int8")
     assert_all(np.array_equal(after, np.full(10, comm.Get_size(), np.float32)), "after", comm)
     h.free()
+
+
+@pytest.mark.parametrize("scheme", ["int8", "1bit"])
+def test_a_vector_of_several_segments_is_the_same_coding(comm, scheme):
+    """Segments pipeline the stages; blocks never straddle them, so the result is the
+    one-process reference's all the same (with error feedback's invariant kept)."""
+    from hpcpar.collectives.compression.allreduce import segments
+
+    rank = comm.Get_rank()
+    h = hpcpar.Hierarchy(comm, layout="ppn:2")
+    n = 700_001
+    assert len(segments(n, 256)) >= 3
+    x = _contribution(rank, n)
+    everyone = comm.allgather(x)
+    result = hpcpar.allreduce(x, comm=h, compression=scheme)
+    if h.n_nodes == 1:
+        ok = np.array_equal(result, hpcpar.allreduce(x, comm=h))
+    else:
+        ok = np.array_equal(result, _reference(codec_for(scheme), _node_sums(h, everyone)))
+    feedback = hpcpar.ErrorFeedback(h)
+    total = np.zeros(n)
+    for _ in range(3):
+        total += hpcpar.allreduce(x, comm=h, compression=scheme, feedback=feedback)
+    owed = np.sum(comm.allgather(feedback.owed()), axis=0, dtype=np.float64)
+    exact = 3 * np.sum(everyone, axis=0, dtype=np.float64)
+    ok = ok and np.allclose(total + owed, exact, rtol=0, atol=1e-3 * np.abs(exact).max())
+    assert_all(ok and len({r.tobytes() for r in comm.allgather(result)}) == 1, scheme, comm)
+    h.free()

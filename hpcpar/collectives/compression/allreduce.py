@@ -41,11 +41,20 @@ from ..channel import even_counts, offsets
 from ..errors import CollectiveMismatchError
 from ..ops import resolve_op
 from ..registry import ORDER_NONE, Algorithm, Shape
-from ..schedule import Schedule
+from ..schedule import Schedule, concurrently
 from ..tally import Counts, Groups, Layout
 from .schemes import Codec
 
-__all__ = ["allreduce", "slices", "chunks", "count_allreduce", "coded_bytes", "record_for"]
+__all__ = [
+    "allreduce",
+    "slices",
+    "chunks",
+    "segments",
+    "count_allreduce",
+    "coded_bytes",
+    "record_for",
+    "SEGMENT_BYTES",
+]
 
 
 def _block_counts(n: int, block: int, parts: int) -> list[int]:
@@ -104,39 +113,96 @@ def _seed(call: Call, stage: int, node: int, seed: int) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
+SEGMENT_BYTES = 1 << 20  # float32 bytes per pipeline segment (whole blocks)
+
+
+def segments(n: int, block: int, segment_bytes: int = SEGMENT_BYTES) -> list[tuple[int, int]]:
+    """The pipeline's segments of a vector of ``n`` elements: runs of whole blocks."""
+    step = max(block, (segment_bytes // 4) // block * block)
+    return [(a, min(n, a + step)) for a in range(0, n, step)] or [(0, 0)]
+
+
+class _Segment:
+    """One segment's geometry on this rank: its node slices, its slice, its chunk."""
+
+    def __init__(self, lo: int, hi: int, codec: Codec, node_size: int, owners: int, rail: Any):
+        self.lo, self.hi = lo, hi
+        self.counts = slices(hi - lo, codec.block, node_size, owners)
+        self.rail = rail
+        self.acc: np.ndarray | None = None
+        self.held: list[np.ndarray] = []
+
+    def part(self, local: int) -> tuple[int, int]:
+        """This rank's slice, in the whole vector's positions."""
+        starts = offsets(self.counts)
+        return self.lo + starts[local], self.lo + starts[local + 1]
+
+    def chunk(self, local: int, block: int) -> tuple[int, int]:
+        """The chunk whose total this rank codes, in the whole vector's positions."""
+        a, b = self.part(local)
+        if self.rail is None:
+            return a, a
+        at = offsets(chunks(b - a, block, self.rail.size))
+        return a + at[self.rail.rank], a + at[self.rail.rank + 1]
+
+
 def allreduce(
     call: Call, buf: np.ndarray, op: object, codec: Codec, feedback: Any = None, seed: int = 0
 ) -> Schedule:
-    """Sum float32/float64 ``buf`` over all ranks in place, coded across nodes."""
+    """Sum float32/float64 ``buf`` over all ranks in place, coded across nodes.
+
+    Large vectors flow through the four stages in segments (``SEGMENT_BYTES``), so one
+    segment's coded bytes cross the link while the next is reduced inside the node and
+    the one before is decoded and gathered.
+    """
     yield from _agree(call, codec, feedback is not None)
     node = call.node
     owners = call.min_node_size
-    n = buf.size
-    counts = slices(n, codec.block, node.size, owners)
-    starts = offsets(counts)
     mine = node.rank
-    lo, hi = starts[mine], starts[mine + 1]
-    extra = worker = server = None
     rail = call.rail if mine < owners else None
+    segs = [
+        _Segment(a, b, codec, node.size, owners, rail) for a, b in segments(buf.size, codec.block)
+    ]
+    worker = server = None
     if feedback is not None:
-        p = rail.size if rail is not None else 1
-        parts = chunks(hi - lo, codec.block, p)
-        at = offsets(parts)
-        me = rail.rank if rail is not None else 0
         extra, worker, server = feedback.residuals(
-            n, (lo, hi), (lo + at[me], lo + at[me + 1]) if rail is not None else (lo, lo)
+            buf.size,
+            [s.part(mine) for s in segs] if rail is not None else [],
+            [s.chunk(mine, codec.block) for s in segs] if rail is not None else [],
         )
         if extra is not None:
             buf += extra.astype(buf.dtype, copy=False)
-    yield from ring.reduce_scatter(node, buf, op, counts)
     if rail is not None:
         call.stats.steps.append(
             f"coded across {rail.size} nodes: {codec.name}, blocks of {codec.block}"
             + (", stochastic rounding" if codec.stochastic else "")
             + (", error feedback" if feedback is not None else "")
+            + (f", {len(segs)} segments pipelined" if len(segs) > 1 else "")
         )
-        yield from _rail(call, rail, buf[lo:hi], lo, codec, worker, server, seed)
-    yield from ring.allgather(node, buf, counts)
+    node_in, node_out = node.retag(1), node.retag(4)
+    up = rail.retag(2) if rail is not None else None
+    down = rail.retag(3) if rail is not None else None
+
+    def stage(k: int, seg: _Segment) -> Schedule:
+        piece = buf[seg.lo : seg.hi]
+        if k == 0:
+            yield from ring.reduce_scatter(node_in, piece, op, seg.counts)
+        elif k == 3:
+            yield from ring.allgather(node_out, piece, seg.counts)
+        elif rail is not None:
+            a, b = seg.part(mine)
+            w = worker[a:b] if worker is not None else None
+            c0, c1 = seg.chunk(mine, codec.block)
+            v = server[c0:c1] if server is not None else None
+            if k == 1:
+                yield from _rail_sum(call, up, seg, buf[a:b], a, codec, w, seed)
+            else:
+                yield from _rail_spread(call, down, seg, buf[a:b], a, codec, v, seed)
+
+    for t in range(len(segs) + 3):
+        yield from concurrently(
+            *(stage(k, segs[t - k]) for k in range(4) if 0 <= t - k < len(segs))
+        )
 
 
 def describe(codec: Codec, feedback: bool) -> str:
@@ -169,26 +235,26 @@ def _agree(call: Call, codec: Codec, feedback: bool) -> Schedule:
     raise CollectiveMismatchError(f"allreduce: ranks passed different compression: {detail}")
 
 
-def _rail(
+def _rail_sum(
     call: Call,
     ch: Any,
+    seg: _Segment,
     part: np.ndarray,
     base: int,
     codec: Codec,
     worker: np.ndarray | None,
-    server: np.ndarray | None,
     seed: int,
 ) -> Schedule:
+    """Code my slice, send chunk j to node j, sum my chunk's codes in node order."""
     p, me = ch.size, ch.rank
     parts = chunks(part.size, codec.block, p)
     at = offsets(parts)
     sizes = [codec.wire_bytes(c) for c in parts]
     where = offsets(sizes)
     wide = part.dtype == np.float64
-    sent, got, total = _POOL.take(where[-1]), _POOL.take(p * sizes[me]), _POOL.take(where[-1])
+    sent, got = _POOL.take(where[-1]), _POOL.take(p * sizes[me])
     scratch = _POOL.take(4 * part.size) if worker is None and wide else None
     acc = _POOL.take(parts[me] * (8 if wide else 4)).view(np.float64 if wide else np.float32)
-    # stage 1: code my slice, chunk j to node j
     if worker is not None:
         v = worker
         v += part  # the residual joins the contribution; the coder leaves the new one
@@ -214,12 +280,34 @@ def _rail(
     for j in range(p):  # in node order, so every owner sums alike
         codec.decode(got[j * sizes[me] : (j + 1) * sizes[me]], acc, add=j > 0)
     call.stats.reduced_bytes += acc.nbytes * (p - 1)
-    # stage 2: code the chunk's sum once, send it to every node
+    seg.acc = acc
+    _POOL.give(sent, got, *([] if scratch is None else [scratch]))
+
+
+def _rail_spread(
+    call: Call,
+    ch: Any,
+    seg: _Segment,
+    part: np.ndarray,
+    base: int,
+    codec: Codec,
+    server: np.ndarray | None,
+    seed: int,
+) -> Schedule:
+    """Code my chunk's sum once, send it to every node, decode every chunk."""
+    p, me = ch.size, ch.rank
+    parts = chunks(part.size, codec.block, p)
+    at = offsets(parts)
+    sizes = [codec.wire_bytes(c) for c in parts]
+    where = offsets(sizes)
+    acc = seg.acc
+    assert acc is not None
     if server is not None:
         w = server
         w += acc
     else:
-        w = acc if not wide else acc.astype(np.float32)
+        w = acc if acc.dtype == np.float32 else acc.astype(np.float32)
+    total = _POOL.take(where[-1])
     codec.encode(
         w,
         total[where[me] : where[me + 1]],
@@ -235,7 +323,8 @@ def _rail(
     yield requests
     for j in range(p):
         codec.decode(total[where[j] : where[j + 1]], part[at[j] : at[j + 1]], add=False)
-    _POOL.give(sent, got, total, acc.view(np.uint8), *([] if scratch is None else [scratch]))
+    _POOL.give(total, acc.view(np.uint8))
+    seg.acc = None
 
 
 # ---- exact counts ----------------------------------------------------------------------
@@ -247,11 +336,13 @@ def coded_bytes(layout: Layout, rank: int, count: int, codec: Codec) -> int:
     owners = min(len(r) for r in g.node_ranks)
     if len(g.node_ranks) == 1 or g.local >= owners:
         return 0
-    counts = slices(count, codec.block, len(g.node), owners)
-    parts = chunks(counts[g.local], codec.block, len(g.rail))
-    mine = parts[g.rail_me]
-    # code the slice, decode p chunks, code the chunk's sum, decode the slice
-    return 4 * (counts[g.local] + len(g.rail) * mine + mine + counts[g.local])
+    total = 0
+    for a, b in segments(count, codec.block):
+        mine = slices(b - a, codec.block, len(g.node), owners)[g.local]
+        chunk = chunks(mine, codec.block, len(g.rail))[g.rail_me]
+        # code the slice, decode p chunks, code the chunk's sum, decode the slice
+        total += 4 * (mine + len(g.rail) * chunk + chunk + mine)
+    return total
 
 
 def _groups(layout: Layout, rank: int) -> Groups:
@@ -261,21 +352,25 @@ def _groups(layout: Layout, rank: int) -> Groups:
 
 
 def count_allreduce(c: Counts, g: Groups, rank: int, s: Shape, codec: Codec) -> None:
-    """What ``allreduce`` sends and sums from ``rank`` (the rail's messages are coded)."""
+    """What ``allreduce`` sends and sums from ``rank`` (the rail's messages are coded).
+
+    The segments' stages overlap in time; what is counted here is their sum.
+    """
     recursive_doubling.count_allreduce(c, g.flat, rank, 2, 8)  # the agreement check
     owners = min(len(r) for r in g.node_ranks)
-    counts = slices(s.count, codec.block, len(g.node), owners)
-    ring.count_reduce_scatter(c, g.node, g.local, counts, s.itemsize)
-    if g.local < owners and len(g.rail) > 1:
-        p, me = len(g.rail), g.rail_me
-        parts = chunks(counts[g.local], codec.block, p)
-        for j in range(p):
-            if j != me:
-                c.send(codec.wire_bytes(parts[j]), False)
-                c.send(codec.wire_bytes(parts[me]), False)
-        c.round(False, 2)
-        c.reduced_bytes += (p - 1) * parts[me] * s.itemsize
-    ring.count_allgather(c, g.node, g.local, counts, s.itemsize)
+    for a, b in segments(s.count, codec.block):
+        counts = slices(b - a, codec.block, len(g.node), owners)
+        ring.count_reduce_scatter(c, g.node, g.local, counts, s.itemsize)
+        if g.local < owners and len(g.rail) > 1:
+            p, me = len(g.rail), g.rail_me
+            parts = chunks(counts[g.local], codec.block, p)
+            for j in range(p):
+                if j != me:
+                    c.send(codec.wire_bytes(parts[j]), False)
+                    c.send(codec.wire_bytes(parts[me]), False)
+            c.round(False, 2)
+            c.reduced_bytes += (p - 1) * parts[me] * s.itemsize
+        ring.count_allgather(c, g.node, g.local, counts, s.itemsize)
 
 
 @functools.lru_cache(maxsize=64)
