@@ -54,6 +54,8 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _HALF_MAGIC = np.uint32(126 << 23)  # 0.5: adding it rounds a subnormal half's units
 _HALF_NORMAL = np.uint32(113 << 23)  # 2^-14, half's smallest normal
 _HALF_REBIAS = np.uint32((127 - 15) << 23)
+# the eight signs (+1 for a set bit) of every byte: a sign code decodes by table lookup
+_SIGNS = np.array([[1.0 if b >> j & 1 else -1.0 for j in range(8)] for b in range(256)], np.float32)
 
 
 @_INLINE
@@ -207,8 +209,29 @@ def sign_encode(v, bits, scales, signs, block, feedback):
                 byte |= ((~bb[j]) >> np.uint32(31)) << np.uint32(j % 8)
             sb[sb.size - 1] = np.uint8(byte)
         if feedback:
-            for i in range(vb.size):
-                vb[i] -= scale if (sb[i >> 3] >> (i & 7)) & 1 else -scale
+            _signs(sb, vb, scale, -1)
+
+
+@_INLINE
+def _signs(sb, out, scale, how):
+    """``out (op)= scale * sign`` for the bits of ``sb``: how 0 sets, 1 adds, -1 subtracts."""
+    whole = out.size // 8
+    for k in range(whole):
+        row = _SIGNS[sb[k]]
+        if how == 0:
+            for j in range(8):
+                out[8 * k + j] = scale * row[j]
+        elif how > 0:
+            for j in range(8):
+                out[8 * k + j] += scale * row[j]
+        else:
+            for j in range(8):
+                out[8 * k + j] -= scale * row[j]
+    if out.size % 8:
+        row = _SIGNS[sb[whole]]
+        for j in range(out.size % 8):
+            x = scale * row[j]
+            out[8 * whole + j] = x if how == 0 else out[8 * whole + j] + how * x
 
 
 @_JIT
@@ -220,13 +243,7 @@ def sign_decode(scales, signs, acc, block, add):
         hi = min(lo + block, n)
         ab = acc[lo:hi]
         sb = signs[lo // 8 : (hi + 7) // 8]
-        s = scales[b]
-        if add:
-            for i in range(ab.size):
-                ab[i] += s if (sb[i >> 3] >> (i & 7)) & 1 else -s
-        else:
-            for i in range(ab.size):
-                ab[i] = s if (sb[i >> 3] >> (i & 7)) & 1 else -s
+        _signs(sb, ab, scales[b], 1 if add else 0)
 
 
 # ---- fp16: IEEE half with a power-of-two scale per block -------------------------------------
