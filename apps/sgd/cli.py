@@ -252,16 +252,6 @@ def add_powersgd_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def compression_of(args: argparse.Namespace, comm: Any) -> Any:
-    """What ``DataParallel(compression=...)`` takes for ``--compression``."""
-    name = getattr(args, "compression", None)
-    if name != "powersgd":
-        return name
-    from hpcpar.powersgd import PowerSGD
-
-    return PowerSGD(args.powersgd_rank, comm=comm, start_powerSGD_iter=args.powersgd_start)
-
-
 def _check(args: argparse.Namespace) -> None:
     from hpcpar.errors import UsageError
 

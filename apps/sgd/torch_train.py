@@ -158,9 +158,18 @@ def run_torch(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
     return rows, params
 
 
+def compression_of(args: argparse.Namespace, comm: Any) -> Any:
+    """What ``DataParallel(compression=...)`` takes for ``--compression``."""
+    name = getattr(args, "compression", None)
+    if name != "powersgd":
+        return name
+    from hpcpar.powersgd import PowerSGD
+
+    return PowerSGD(args.powersgd_rank, comm=comm, start_powerSGD_iter=args.powersgd_start)
+
+
 def _data_parallel(args: argparse.Namespace, net: Any, h: Any) -> Any:
     """The model wrapped for data-parallel training as ``args`` say (buckets, compression)."""
-    from .cli import compression_of
     from .torch import DataParallel
 
     return DataParallel(

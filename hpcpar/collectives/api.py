@@ -223,7 +223,7 @@ def _compressed(
     """The codec a compressed call runs (None: exact) and the record to run it as."""
     _check_compressible(data, rop, algorithm, reproducible)
     from .compression.allreduce import record_for
-    from .cost.compressed import scheme_for_call
+    from .cost.explain import scheme_for_call
 
     name, reason = scheme_for_call(spec, state_for(comm), data.size, data.itemsize)
     if name == "exact":

@@ -364,6 +364,11 @@ def test_a_local_sgd_run_resumes_bit_for_bit_from_a_meeting_of_the_ranks(tmp_pat
         (["--mode", "local", "--checkpoint", "ck", "--checkpoint-every", "3"], "multiple of"),
         (["--bucket-mib", "big"], "--bucket-mib: expected a number above 0"),
         (["--bucket-mib", "0"], "--bucket-mib: expected a number above 0"),
+        (["--error-feedback"], "--error-feedback needs --compression"),
+        (["--compression", "int8", "--zero"], "--compression codes the gradients"),
+        (["--compression", "int8", "--mode", "local"], "--compression codes the gradients"),
+        (["--compression", "powersgd", "--error-feedback"], "powersgd keeps its own"),
+        (["--compression", "zip"], "invalid choice"),
     ],
 )
 def test_bad_torch_runs_are_one_line_errors(extra, message):

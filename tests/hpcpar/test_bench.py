@@ -427,3 +427,39 @@ def test_the_safety_benchmarks_compare_on_and_off_and_leave_the_feature_on(comm,
         calls = ("allreduce", "bcast", "iallreduce", "allreduce-ring")
         assert {r["variant"] for r in rows} == {*calls, *(f"{c}-off" for c in calls)}
         assert all(r["valid"] and r["vs_peer"] > 0 for r in rows)
+
+
+@pytest.mark.mpi
+def test_compression_benchmarks_end_to_end(comm, tmp_path, capsys):
+    prefix = comm.bcast(str(tmp_path / "cmp"), root=0)
+    common = ["--min-size", "256KiB", "--max-size", "256KiB", "--repeats", "2", "--min-time"]
+    status = main(
+        [
+            "bench",
+            "collectives",
+            "--compression",
+            "int8,1bit,auto",
+            "--layout",
+            "ppn:1",
+            *common,
+            "0.001",
+            "--output",
+            prefix,
+        ]
+    )
+    assert_all(status == 0, "bench collectives --compression failed", comm)
+    if comm.Get_rank() == 0:
+        rows = json.loads(open(prefix + ".json").read())["results"]
+        names = {r["variant"] for r in rows}
+        assert names == {"mpi-direct", "exact-auto", "int8", "1bit", "auto"}
+        assert all(r["valid"] for r in rows)  # each within its scheme's bound
+        assert next(r for r in rows if r["variant"] == "exact-auto")["vs_peer"] == 1.0
+    status = main(["bench", "codecs", *common, "0.001", "--output", prefix + "-codecs"])
+    assert_all(status == 0, "bench codecs failed", comm)
+    if comm.Get_rank() == 0:
+        rows = json.loads(open(prefix + "-codecs.json").read())["results"]
+        assert {r["variant"] for r in rows} >= {"memcpy", "fp16", "bf16", "int8", "1bit"}
+        assert all(r["valid"] for r in rows)
+    assert main(["bench", "collectives", "--compression", "zip", *common, "0.001"]) == 2
+    err = capsys.readouterr().err
+    assert comm.Get_rank() != 0 or "unknown compression" in err, err

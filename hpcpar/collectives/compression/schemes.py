@@ -10,14 +10,13 @@ the exact sum by at most ``bound(p) * sum_k M_k(i) + 2 * TINY``, where ``M_k(i)`
 node k's block maximum, ``bound(p) = 2 * eps + p * u``, ``u`` the accumulator's unit
 roundoff (float32: 2^-24) and ``p`` the node count.
 
-====== ================================ ============= =========================
-scheme codes                            bytes/element eps
-====== ================================ ============= =========================
-fp16   IEEE half of v 2^e per block     2 + 4/block   2^-11 (nearest even)
-bf16   bfloat16, no blocks              2             2^-8 (nearest even)
-int8   round(v 127 / max|v|) per block  1 + 4/block   1/254 nearest, 1/127 stochastic
-1bit   sign bit, mean|v| per block    1/8 + 4/block 1 (with error feedback only)
-====== ================================ ============= =========================
+- ``fp16``: IEEE half of ``v 2^e`` per block; 2 + 4/block bytes per element;
+  eps 2^-11 (nearest even).
+- ``bf16``: bfloat16, no blocks; 2 bytes per element; eps 2^-8 (nearest even).
+- ``int8``: ``rint(v 127 / max abs(v))`` per block; 1 + 4/block bytes per element;
+  eps 1/254 (nearest), 1/127 (stochastic).
+- ``1bit``: the sign bit, the block's mean ``abs(v)`` as its scale; 1/8 + 4/block bytes
+  per element; eps 1 (meant for use with error feedback).
 
 Non-finite inputs: a block holding a NaN or an infinity decodes to NaN in every
 element (bf16: element by element, as IEEE); a compressed result is never finite where

@@ -11,9 +11,9 @@ node it never codes (there is no slow level to save).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ...runtime.profile import Profile, active_profile, default_profile
+from ...runtime.profile import Profile
 from ..compression.allreduce import coded_bytes, count_allreduce
 from ..compression.schemes import SCHEMES, Codec, codec_for
 from ..errors import CollectiveError
@@ -30,7 +30,7 @@ __all__ = [
     "rank_schemes",
     "choose_scheme",
     "scheme_plan",
-    "scheme_for_call",
+    "ONE_NODE",
 ]
 
 ONE_NODE = "one node: nothing crosses a slow level, so nothing is coded"
@@ -122,25 +122,23 @@ def choose_scheme(ranking: list[SchemePrediction], tolerance: float, nodes: int)
     return best.scheme, reason
 
 
-def _exact_prediction(layout: Layout, count: int, itemsize: int, profile: Profile) -> Prediction:
-    """The model's time for what the exact ``auto`` runs on this layout."""
-    from .explain import plan_for
-
-    plan = plan_for("allreduce", count * itemsize, layout, profile, itemsize=itemsize)
-    return next(p for p in plan.ranking if p.algorithm == plan.algorithm)
-
-
 def scheme_plan(
-    spec: Compression, layout: Layout, count: int, itemsize: int, profile: Profile
+    spec: Compression,
+    layout: Layout,
+    count: int,
+    itemsize: int,
+    profile: Profile,
+    exact: Prediction,
 ) -> tuple[str, str, list[SchemePrediction]]:
     """The scheme a call with ``spec`` runs on ``layout`` ("exact": none), why, and the ranking.
+
+    ``exact``: the model's prediction for what the exact ``auto`` runs.
 
     Raises:
         CollectiveError: a named scheme whose bound on this many nodes exceeds the
             spec's tolerance.
     """
     nodes = len(layout.node_ranks)
-    exact = _exact_prediction(layout, count, itemsize, profile)
     ranking = rank_schemes(
         layout, count, itemsize, profile, exact, block=spec.block, rounding=spec.rounding
     )
@@ -156,18 +154,3 @@ def scheme_plan(
         return spec.scheme, f"compression={spec.scheme!r} was requested", ranking
     name, reason = choose_scheme(ranking, float(spec.tolerance or 0.0), nodes)
     return name, f"auto: {reason}", ranking
-
-
-def scheme_for_call(spec: Compression, state: Any, count: int, itemsize: int) -> tuple[str, str]:
-    """``scheme_plan`` for a call on ``state``'s communicator (cached per size class)."""
-    layout = Layout(tuple(state.node_of))
-    if len(layout.node_ranks) <= 1:
-        return "exact", ONE_NODE
-    if spec.scheme != "auto" and spec.tolerance is None:
-        return spec.scheme, f"compression={spec.scheme!r} was requested"
-    profile = active_profile() or default_profile()
-    key = ("compression", count.bit_length(), itemsize, spec, profile.name)
-    cache = state.auto_cache
-    if key not in cache:
-        cache[key] = scheme_plan(spec, layout, count, itemsize, profile)[:2]
-    return cache[key]

@@ -13,7 +13,7 @@ from ..registry import LIBRARY
 from ..tally import Layout
 from .model import TIE, Prediction, rank_algorithms
 
-__all__ = ["Plan", "explain", "plan_for", "auto_choice"]
+__all__ = ["Plan", "explain", "plan_for", "auto_choice", "scheme_for_call"]
 
 
 @dataclass
@@ -186,8 +186,9 @@ def plan_for(
             raise CollectiveError(f"explain: compression applies to allreduce, not {collective}")
         from .compressed import scheme_plan
 
+        exact = next(p for p in ranking if p.algorithm == chosen)
         plan.compression, plan.compression_reason, plan.schemes = scheme_plan(
-            compression, layout, count, itemsize, active
+            compression, layout, count, itemsize, active, exact
         )
     return plan
 
@@ -273,4 +274,33 @@ def auto_choice(
             commutative=commutative,
         )
         cache[key] = (plan.algorithm, f"auto: cost model, {plan.reason}")
+    return cache[key]
+
+
+def scheme_for_call(spec: Any, state: Any, count: int, itemsize: int) -> tuple[str, str]:
+    """The compression scheme a call with ``spec`` runs ("exact": none) and why.
+
+    A named scheme without a tolerance runs as asked (on more than one node);
+    otherwise the plan decides, cached per communicator and size class.
+    """
+    from .compressed import ONE_NODE
+
+    layout = Layout(tuple(state.node_of))
+    if len(layout.node_ranks) <= 1:
+        return "exact", ONE_NODE
+    if spec.scheme != "auto" and spec.tolerance is None:
+        return spec.scheme, f"compression={spec.scheme!r} was requested"
+    profile = active_profile() or default_profile()
+    key = ("compression", count.bit_length(), itemsize, spec, profile.name)
+    cache = state.auto_cache
+    if key not in cache:
+        plan = plan_for(
+            "allreduce",
+            count * itemsize,
+            layout,
+            profile,
+            itemsize=itemsize,
+            compression=spec,
+        )
+        cache[key] = (plan.compression, plan.compression_reason)
     return cache[key]
