@@ -235,6 +235,16 @@ def _agree(call: Call, codec: Codec, feedback: bool) -> Schedule:
     raise CollectiveMismatchError(f"allreduce: ranks passed different compression: {detail}")
 
 
+def _pieces(m: int, codec: Codec, p: int) -> tuple[list[int], list[int], list[int], list[int]]:
+    """A slice of ``m`` elements cut for ``p`` nodes.
+
+    Returns the chunks' sizes and starts, and their payloads' sizes and starts.
+    """
+    parts = chunks(m, codec.block, p)
+    sizes = [codec.wire_bytes(c) for c in parts]
+    return parts, offsets(parts), sizes, offsets(sizes)
+
+
 def _rail_sum(
     call: Call,
     ch: Any,
@@ -247,10 +257,7 @@ def _rail_sum(
 ) -> Schedule:
     """Code my slice, send chunk j to node j, sum my chunk's codes in node order."""
     p, me = ch.size, ch.rank
-    parts = chunks(part.size, codec.block, p)
-    at = offsets(parts)
-    sizes = [codec.wire_bytes(c) for c in parts]
-    where = offsets(sizes)
+    parts, at, sizes, where = _pieces(part.size, codec, p)
     wide = part.dtype == np.float64
     sent, got = _POOL.take(where[-1]), _POOL.take(p * sizes[me])
     scratch = _POOL.take(4 * part.size) if worker is None and wide else None
@@ -296,10 +303,7 @@ def _rail_spread(
 ) -> Schedule:
     """Code my chunk's sum once, send it to every node, decode every chunk."""
     p, me = ch.size, ch.rank
-    parts = chunks(part.size, codec.block, p)
-    at = offsets(parts)
-    sizes = [codec.wire_bytes(c) for c in parts]
-    where = offsets(sizes)
+    _, at, _, where = _pieces(part.size, codec, p)
     acc = seg.acc
     assert acc is not None
     if server is not None:
