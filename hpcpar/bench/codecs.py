@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cli.common import integer
 from ..plugins import Benchmark, register
 from .harness import Variant, run_sweep
 
@@ -24,7 +25,9 @@ _VARIANTS = ("fp16", "bf16", "int8", "int8-stochastic", "1bit", "int8-feedback")
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--block", type=int, default=None, help="elements per block (default 256)")
+    parser.add_argument(
+        "--block", type=integer(1, 1 << 30), default=None, help="elements per block (default 256)"
+    )
 
 
 def _copy_case() -> Callable[[int], Any]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cli.common import integer, real
 from ..plugins import Benchmark, register
 from .harness import Variant, run_sweep
 from .on_vcluster import add_vcluster_arguments, run_on_vcluster
@@ -55,12 +56,15 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tolerance",
-        type=float,
+        type=real(0, above=True),
         default=0.01,
         help="with --compression auto: the largest error bound to accept (default 0.01)",
     )
     parser.add_argument(
-        "--block", type=int, default=None, help="with --compression: elements per block"
+        "--block",
+        type=integer(1, 1 << 30),
+        default=None,
+        help="with --compression: elements per block",
     )
     add_vcluster_arguments(parser)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..collectives.names import COLLECTIVES
 from ..plugins import Command, register
-from .common import add_layout_argument, integer
+from .common import add_layout_argument, integer, real
 
 __all__ = ["add_machine_arguments", "machine_layout", "machine_profile"]
 
@@ -104,7 +104,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tolerance",
-        type=float,
+        type=real(0, above=True),
         default=None,
         help="the largest error bound to accept (with --compression auto)",
     )

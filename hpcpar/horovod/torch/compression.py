@@ -1,4 +1,10 @@
-"""Horovod's ``Compression``: what an allreduce sends (``none``, or ``fp16``)."""
+"""Horovod's ``Compression``: what an allreduce sends (``none``, or ``fp16``), and hpcpar's.
+
+``Compression.bf16``, ``Compression.int8`` and ``Compression.onebit`` are hpcpar's
+compressed allreduce (``hpcpar.collectives.compression``) for ``DistributedOptimizer``'s
+gradient buckets: coded only across nodes, int8 and 1bit with error feedback. The
+tensors themselves are not changed (their ``compress`` is the identity).
+"""
 
 from __future__ import annotations
 
@@ -38,8 +44,33 @@ class _FP16Compressor:
         return tensor.type(ctx) if ctx.is_floating_point else tensor
 
 
+class _CodedCompressor(_NoneCompressor):
+    """A compressed allreduce of the gradient buckets (``scheme``), exact inside a node."""
+
+    scheme = ""
+    error_feedback = False
+
+
+def _coded(scheme: str, feedback: bool) -> type:
+    doc = f"Gradient buckets coded as {scheme} across nodes" + (
+        ", with error feedback" if feedback else ""
+    )
+    return type(
+        f"_{scheme.upper()}Compressor",
+        (_CodedCompressor,),
+        {"scheme": scheme, "error_feedback": feedback, "__doc__": doc},
+    )
+
+
 class Compression:
-    """Optional compression of the tensors an allreduce sends: ``none`` or ``fp16``."""
+    """Optional compression of the tensors an allreduce sends.
+
+    Horovod's ``none`` and ``fp16``; hpcpar's ``bf16``, ``int8`` and ``onebit`` for
+    ``DistributedOptimizer``.
+    """
 
     none = _NoneCompressor
     fp16 = _FP16Compressor
+    bf16 = _coded("bf16", False)
+    int8 = _coded("int8", True)
+    onebit = _coded("1bit", True)

@@ -193,6 +193,12 @@ def allreduce(
     ``compression`` (``Compression.fp16``) sends floating-point tensors as float16.
     """
     op = op_of(op, average)
+    if getattr(compression, "scheme", ""):
+        raise ValueError(
+            f"Compression.{compression.__name__.strip('_').removesuffix('Compressor').lower()} "
+            "codes DistributedOptimizer's gradient buckets; hvd.allreduce takes "
+            "Compression.none or Compression.fp16"
+        )
     if compression is Compression.none and not tensor.requires_grad:
         return _allreduce_now(tensor, None, op, prescale_factor, postscale_factor, process_set)
     compressed, ctx = compression.compress(tensor)

@@ -24,7 +24,7 @@ from mpi4py import MPI
 from ...gradients import MIB, GradientSync, describe_param, spare_core
 from ...topology import Hierarchy
 from .. import basics
-from ..basics import Adasum, Average, ProcessSet, global_process_set, size
+from ..basics import Adasum, Average, ProcessSet, Sum, global_process_set, size
 from ..environment import allreduce_algorithm, flag, fusion_threshold
 from .compression import Compression
 from .join import control_round
@@ -33,7 +33,8 @@ from .tensors import MPI_OPS, op_of, scale
 __all__ = ["DistributedOptimizer"]
 
 # the compressions that are a cast to the bucket's type and back (Horovod's own)
-_CASTS = (Compression.none, Compression.fp16)
+_CASTS = (Compression.none, Compression.fp16, Compression.bf16, Compression.int8)
+_CASTS += (Compression.onebit,)  # hpcpar's: the tensors stay, the buckets are coded
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -138,6 +139,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._sync = GradientSync(
             self._requires_update,
             self._hierarchy,
+            compression=getattr(compression, "scheme", None) or None,
+            error_feedback=getattr(compression, "error_feedback", False),
             limit=None if threshold is None else max(1, threshold),
             algorithm=allreduce_algorithm(),
             overlap=overlap,
@@ -406,6 +409,8 @@ def DistributedOptimizer(
     basics.state()
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if getattr(compression, "scheme", "") and op not in (Average, Sum):
+        raise ValueError(f"Compression.{compression.scheme} sums: use op Average or Sum")
     if num_groups != 0:
         warnings.warn(
             "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",

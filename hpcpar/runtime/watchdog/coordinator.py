@@ -111,7 +111,7 @@ class Coordinator(threading.Thread):
             for rank, link in list(self.links.items()):
                 if rank != 0:
                     send_line(link, {"cmd": "abort"})
-            deadline = time.monotonic() + 2.0  # the others first: the launcher then sees
+            deadline = time.monotonic() + 5.0  # the others first: the launcher then sees
             while time.monotonic() < deadline and any(  # every rank end with the status
                 r not in self.gone for r in self.links if r != 0
             ):
