@@ -26,6 +26,7 @@ from .buffers import check_out, host_array, result_buffer, to_device_like
 from .call import open_call
 from .channel import even_counts, last_stats, remember_stats
 from .check import check_same, checking
+from .compressed import check_compressible, codec_for_call
 from .errors import CollectiveError
 from .fastpath import fast_allreduce
 from .ops import ReduceOp, resolve_op
@@ -165,7 +166,7 @@ def _prepare_allreduce(
     codec = None
     check: dict[str, Any] = {}
     if compression is not None:
-        codec, fixed = _compressed(data, rop, comm, algorithm, reproducible, compression)
+        codec, fixed = codec_for_call(data, rop, comm, algorithm, reproducible, compression)
         check["compression"] = codec.name if codec is not None else "none"
         if codec is not None:
             check["block"] = codec.block
@@ -197,39 +198,6 @@ def _prepare_allreduce(
             feedback.settle(work)
         schedule = chosen.run(call, work, rop)
     return _Pending("iallreduce", schedule, _finisher(call, _on_device(x, out, deliver)))
-
-
-def _check_compressible(
-    data: np.ndarray, rop: ReduceOp, algorithm: str, reproducible: bool
-) -> None:
-    """Raise unless a call with these arguments can be compressed."""
-    if data.dtype not in (np.float32, np.float64):
-        raise CollectiveError(
-            f"allreduce: compression applies to float32 and float64 data, not {data.dtype}"
-        )
-    if rop.name != "SUM" or rop.mpi_op is None:
-        raise CollectiveError(f"allreduce: compression applies to op SUM only, not {rop.name}")
-    if reproducible:
-        raise CollectiveError("allreduce: reproducible=True and compression= cannot be combined")
-    if algorithm != "auto":
-        raise CollectiveError(
-            "allreduce: compression= runs its own schedule; leave algorithm='auto'"
-        )
-
-
-def _compressed(
-    data: np.ndarray, rop: ReduceOp, comm: Any, algorithm: str, reproducible: bool, spec: Any
-) -> tuple[Any, tuple[Any, str] | None]:
-    """The codec a compressed call runs (None: exact) and the record to run it as."""
-    _check_compressible(data, rop, algorithm, reproducible)
-    from .compression.allreduce import record_for
-    from .cost.explain import scheme_for_call
-
-    name, reason = scheme_for_call(spec, state_for(comm), data.size, data.itemsize)
-    if name == "exact":
-        return None, None
-    codec = spec.codec(name)
-    return codec, (record_for(codec), reason)
 
 
 def _on_device(x: Any, out: Any, deliver: Callable[[], Any]) -> Callable[[], Any]:
@@ -288,7 +256,7 @@ def allreduce(
             )
         if spec is not None:
             data = host_array(x)
-            _check_compressible(data, resolve_op(op, data.dtype), algorithm, reproducible)
+            check_compressible(data, resolve_op(op, data.dtype), algorithm, reproducible)
         if spec is not None and (feedback is not None or len(state_for(comm).node_ranks) > 1):
             return _complete(
                 _prepare_allreduce, x, op, out, comm, algorithm, reproducible, spec, feedback
