@@ -153,6 +153,12 @@ def _blocking_allreduce_s(trainer: Any, steps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
+def _wrap(variant: str) -> str | None:
+    """The ``TorchRun`` wrap of a torch variant (``torch-hpcpar-int8``: ``coded-int8``)."""
+    coded = variant.removeprefix("torch-hpcpar-")
+    return _TORCH.get(variant) or (f"coded-{coded}" if coded in _CODED else None)
+
+
 def _train(variant: str, args: argparse.Namespace, comm: Any, h: Any, data: Any) -> dict:
     """One run of ``variant``: per-epoch figures (identical on every rank)."""
     from .models import make_model
@@ -160,8 +166,9 @@ def _train(variant: str, args: argparse.Namespace, comm: Any, h: Any, data: Any)
     model = make_model(args.model, data.n_features, data.n_classes, args.hidden, args.seed)
     epochs: list[dict[str, Any]] = []
     extra: dict[str, Any] = {}
-    if variant in _TORCH:
-        run = TorchRun(model, data, comm, h, args, _TORCH[variant])
+    wrap = _wrap(variant)
+    if wrap is not None:
+        run = TorchRun(model, data, comm, h, args, wrap)
         for e in range(args.epochs):
             waited = getattr(run.ddp, "comm_seconds", 0.0)
             loss, seconds, samples = torch_epoch(run, e)
@@ -388,7 +395,6 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Any]:  # noqa: PLR0912, PL
         if dist is None:
             raise UsageError("bench sgd: --compression trains torch variants: pip install torch")
         for c in coded:
-            _TORCH[f"torch-hpcpar-{c}"] = f"coded-{c}"
             variants.append(f"torch-hpcpar-{c}")
     if args.model == "softmax" and not hasattr(data.x_train, "tocsr"):
         variants.append("sklearn-sgdclassifier")

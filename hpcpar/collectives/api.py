@@ -250,14 +250,11 @@ def allreduce(
         from .compression import as_compression
 
         spec = as_compression(compression, tolerance)
-        if spec is None:
-            raise CollectiveError(
-                "allreduce: feedback= applies to compressed calls: pass compression="
-            )
         if spec is not None:
             data = host_array(x)
             check_compressible(data, resolve_op(op, data.dtype), algorithm, reproducible)
-        if spec is not None and (feedback is not None or len(state_for(comm).node_ranks) > 1):
+        # _prepare_allreduce refuses feedback= without compression=
+        if feedback is not None or (spec is not None and len(state_for(comm).node_ranks) > 1):
             return _complete(
                 _prepare_allreduce, x, op, out, comm, algorithm, reproducible, spec, feedback
             )

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import threading
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,7 @@ from ..errors import CollectiveMismatchError
 from ..ops import resolve_op
 from ..registry import ORDER_NONE, Algorithm, Shape
 from ..schedule import Schedule, concurrently
-from ..tally import Counts, Groups, Layout
+from ..tally import Counts, Groups, Layout, groups_of
 from .schemes import Codec
 
 __all__ = [
@@ -90,18 +91,23 @@ class _Pool:
     def __init__(self, keep: int = 8) -> None:
         self.free: dict[int, list[np.ndarray]] = {}
         self.keep = keep
+        self.lock = threading.Lock()  # gradient threads call beside the program
 
     def take(self, nbytes: int) -> np.ndarray:
-        spare = self.free.get(nbytes)
-        return spare.pop() if spare else np.empty(nbytes, np.uint8)
+        with self.lock:
+            spare = self.free.get(nbytes)
+            if spare:
+                return spare.pop()
+        return np.empty(nbytes, np.uint8)
 
     def give(self, *bufs: np.ndarray) -> None:
-        for buf in bufs:
-            spare = self.free.setdefault(buf.nbytes, [])
-            if len(spare) < 2:
-                spare.append(buf)
-        while len(self.free) > self.keep:  # the oldest sizes go first
-            self.free.pop(next(iter(self.free)))
+        with self.lock:
+            for buf in bufs:
+                spare = self.free.setdefault(buf.nbytes, [])
+                if len(spare) < 2:
+                    spare.append(buf)
+            while len(self.free) > self.keep:  # the oldest sizes go first
+                self.free.pop(next(iter(self.free)))
 
 
 _POOL = _Pool()
@@ -128,14 +134,13 @@ class _Segment:
     def __init__(self, lo: int, hi: int, codec: Codec, node_size: int, owners: int, rail: Any):
         self.lo, self.hi = lo, hi
         self.counts = slices(hi - lo, codec.block, node_size, owners)
+        self.starts = offsets(self.counts)
         self.rail = rail
         self.acc: np.ndarray | None = None
-        self.held: list[np.ndarray] = []
 
     def part(self, local: int) -> tuple[int, int]:
         """This rank's slice, in the whole vector's positions."""
-        starts = offsets(self.counts)
-        return self.lo + starts[local], self.lo + starts[local + 1]
+        return self.lo + self.starts[local], self.lo + self.starts[local + 1]
 
     def chunk(self, local: int, block: int) -> tuple[int, int]:
         """The chunk whose total this rank codes, in the whole vector's positions."""
@@ -271,12 +276,13 @@ def _rail_sum(
     else:
         v = part
     requests = []
+    drawn = _seed(call, 1, ch.nodes[me], seed)
     for j in [*range(me + 1, p), *range(me + 1)]:  # mine last: the others leave first
         codec.encode(
             v[at[j] : at[j + 1]],
             sent[where[j] : where[j + 1]],
             feedback=worker is not None,
-            seed=_seed(call, 1, ch.nodes[me], seed),
+            seed=drawn,
             start=base + at[j],
         )
         if j != me:
@@ -336,7 +342,7 @@ def _rail_spread(
 
 def coded_bytes(layout: Layout, rank: int, count: int, codec: Codec) -> int:
     """Bytes of float32 ``rank`` codes and decodes in one call (the codec's cost term)."""
-    g = _groups(layout, rank)
+    g = groups_of(layout, rank)
     owners = min(len(r) for r in g.node_ranks)
     if len(g.node_ranks) == 1 or g.local >= owners:
         return 0
@@ -347,12 +353,6 @@ def coded_bytes(layout: Layout, rank: int, count: int, codec: Codec) -> int:
         # code the slice, decode p chunks, code the chunk's sum, decode the slice
         total += 4 * (mine + len(g.rail) * chunk + chunk + mine)
     return total
-
-
-def _groups(layout: Layout, rank: int) -> Groups:
-    from ..tally import groups_of
-
-    return groups_of(layout, rank)
 
 
 def count_allreduce(c: Counts, g: Groups, rank: int, s: Shape, codec: Codec) -> None:

@@ -25,6 +25,7 @@ an exact one would not be.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -186,13 +187,14 @@ class Codec:
         return self.scheme.bound(nodes, self.stochastic, accumulator)
 
 
-_SCRATCH: dict[int, np.ndarray] = {}
+_SCRATCH = threading.local()  # each thread its own: a gradient thread codes beside the program
 
 
 def _scratch(n: int) -> np.ndarray:
-    buf = _SCRATCH.get(n)
+    mine = _SCRATCH.__dict__
+    buf = mine.get(n)
     if buf is None:
-        buf = _SCRATCH[n] = np.empty(n, np.float32)
+        buf = mine[n] = np.empty(n, np.float32)
     return buf
 
 

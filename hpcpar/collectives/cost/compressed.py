@@ -18,7 +18,7 @@ from ..compression.allreduce import coded_bytes, count_allreduce
 from ..compression.schemes import SCHEMES, Codec, codec_for
 from ..errors import CollectiveError
 from ..registry import Shape
-from ..tally import Layout, groups_of
+from ..tally import Counts, Layout, groups_of
 from .model import Prediction, hidden, price, representatives
 
 if TYPE_CHECKING:
@@ -58,8 +58,6 @@ def predict_scheme(
     codec: Codec, layout: Layout, count: int, itemsize: int, profile: Profile
 ) -> SchemePrediction:
     """Predict the compressed allreduce of ``count`` elements with ``codec`` on ``layout``."""
-    from ..tally import Counts
-
     shape = Shape(count, itemsize)
     senders = min(len(r) for r in layout.node_ranks)
     worst: Prediction | None = None

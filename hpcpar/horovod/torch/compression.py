@@ -47,18 +47,19 @@ class _FP16Compressor:
 class _CodedCompressor(_NoneCompressor):
     """A compressed allreduce of the gradient buckets (``scheme``), exact inside a node."""
 
+    name = ""  # its name in ``Compression``
     scheme = ""
     error_feedback = False
 
 
-def _coded(scheme: str, feedback: bool) -> type:
+def _coded(name: str, scheme: str, feedback: bool) -> type:
     doc = f"Gradient buckets coded as {scheme} across nodes" + (
         ", with error feedback" if feedback else ""
     )
     return type(
         f"_{scheme.upper()}Compressor",
         (_CodedCompressor,),
-        {"scheme": scheme, "error_feedback": feedback, "__doc__": doc},
+        {"name": name, "scheme": scheme, "error_feedback": feedback, "__doc__": doc},
     )
 
 
@@ -71,6 +72,6 @@ class Compression:
 
     none = _NoneCompressor
     fp16 = _FP16Compressor
-    bf16 = _coded("bf16", False)
-    int8 = _coded("int8", True)
-    onebit = _coded("1bit", True)
+    bf16 = _coded("bf16", "bf16", False)
+    int8 = _coded("int8", "int8", True)
+    onebit = _coded("onebit", "1bit", True)

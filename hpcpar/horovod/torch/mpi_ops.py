@@ -195,9 +195,8 @@ def allreduce(
     op = op_of(op, average)
     if getattr(compression, "scheme", ""):
         raise ValueError(
-            f"Compression.{compression.__name__.strip('_').removesuffix('Compressor').lower()} "
-            "codes DistributedOptimizer's gradient buckets; hvd.allreduce takes "
-            "Compression.none or Compression.fp16"
+            f"Compression.{compression.name} codes DistributedOptimizer's gradient buckets; "
+            "hvd.allreduce takes Compression.none or Compression.fp16"
         )
     if compression is Compression.none and not tensor.requires_grad:
         return _allreduce_now(tensor, None, op, prescale_factor, postscale_factor, process_set)

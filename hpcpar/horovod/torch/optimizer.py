@@ -33,8 +33,13 @@ from .tensors import MPI_OPS, op_of, scale
 __all__ = ["DistributedOptimizer"]
 
 # the compressions that are a cast to the bucket's type and back (Horovod's own)
-_CASTS = (Compression.none, Compression.fp16, Compression.bf16, Compression.int8)
-_CASTS += (Compression.onebit,)  # hpcpar's: the tensors stay, the buckets are coded
+_CASTS = (  # and hpcpar's, whose tensors stay as they are: the buckets are coded
+    Compression.none,
+    Compression.fp16,
+    Compression.bf16,
+    Compression.int8,
+    Compression.onebit,
+)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -410,7 +415,7 @@ def DistributedOptimizer(
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if getattr(compression, "scheme", "") and op not in (Average, Sum):
-        raise ValueError(f"Compression.{compression.scheme} sums: use op Average or Sum")
+        raise ValueError(f"Compression.{compression.name} sums: use op Average or Sum")
     if num_groups != 0:
         warnings.warn(
             "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
