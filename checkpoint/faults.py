@@ -1,14 +1,17 @@
 """Fault injection: crash a rank at a protocol phase, fail a write, damage a checkpoint.
 
 Faults in a running job are set by ``HPCPAR_CHECKPOINT_FAULT`` (read when a
-``Checkpointer`` is created), a comma-separated list of ``key=value``:
+``Checkpointer`` is created): one fault, or several separated by ``;``, each a
+comma-separated list of ``key=value``:
 
 - ``kill=PHASE``: SIGKILL this process at PHASE of the save of ``step`` on ``rank``. PHASE is
   ``snapshot`` (half of the state copied), ``write`` (half of a shard written),
   ``before-commit`` (every shard durable, no commit marker yet) or ``after-commit``.
 - ``enospc=LEVEL``: the write of ``step`` on ``rank`` at LEVEL fails with ENOSPC.
 - ``step=N`` (default: any step), ``rank=R`` (default 0), ``level=NAME`` (kill only at
-  that level; default: the first level written).
+  that level; default: the first level written), ``restart=K`` (only in the job's K-th
+  restart under ``hpcpar launch --restarts``, ``HPCPAR_RESTART``; default 0, the first
+  start: a restarted job that saves the same step again is not killed again).
 
 At-rest damage (``delete_node``, ``flip_bytes``, ``truncate_manifest``) works on a
 checkpoint directory after the job, as the tests and ``hpcpar checkpoint inject`` do.
@@ -49,27 +52,33 @@ class Fault:
         step: int | None = None,
         rank: int = 0,
         level: str | None = None,
+        restart: int = 0,
     ) -> None:
         self.kill, self.enospc, self.step, self.rank, self.level = kill, enospc, step, rank, level
+        self.restart = restart
+        self.also: list[Fault] = []  # more faults of the same setting (``;``)
 
     def hits(self, step: int, rank: int) -> bool:
-        """Whether this save on this rank is the target."""
-        return rank == self.rank and self.step in (None, step)
+        """Whether this save on this rank, in this start of the job, is the target."""
+        from hpcpar.runtime import settings
+
+        this = settings.value("HPCPAR_RESTART") or 0
+        return rank == self.rank and self.step in (None, step) and this == self.restart
 
     def point(self, phase: str, step: int, rank: int, level: str | None = None) -> None:
-        """Die here if this is the phase to kill at."""
-        if self.kill != phase or not self.hits(step, rank):
-            return
-        if level is not None and self.level not in (None, level):
-            return
-        os.kill(os.getpid(), signal.SIGKILL)
+        """Die here if this is the phase to kill at (of this fault or one of ``also``)."""
+        for fault in (self, *self.also):
+            if fault.kill != phase or not fault.hits(step, rank):
+                continue
+            if level is None or fault.level in (None, level):
+                os.kill(os.getpid(), signal.SIGKILL)
 
     def arm_write(self, step: int, rank: int, level: str) -> None:
         """Arm this thread's next shard write (ENOSPC, or a kill half way), if targeted."""
-        hit = self.hits(step, rank)
+        hits = [f for f in (self, *self.also) if f.hits(step, rank)]
         arm(
-            hit and self.enospc == level,
-            hit and self.kill == "write" and self.level in (None, level),
+            any(f.enospc == level for f in hits),
+            any(f.kill == "write" and f.level in (None, level) for f in hits),
         )
 
     @staticmethod
@@ -79,22 +88,28 @@ class Fault:
 
 
 def parse_fault(text: str | None) -> Fault | None:
-    """``HPCPAR_CHECKPOINT_FAULT`` -> a Fault, or None when unset.
+    """``HPCPAR_CHECKPOINT_FAULT`` -> a Fault (the first, the rest in its ``also``), or None.
 
     Raises:
         CheckpointError: an unknown key, phase or value.
     """
     if not text:
         return None
+    first, *rest = (_one_fault(part) for part in text.split(";"))
+    first.also = rest
+    return first
+
+
+def _one_fault(text: str) -> Fault:
     fields: dict[str, Any] = {}
     for item in text.split(","):
         key, sep, value = item.strip().partition("=")
-        if not sep or key not in ("kill", "enospc", "step", "rank", "level"):
+        if not sep or key not in ("kill", "enospc", "step", "rank", "level", "restart"):
             raise CheckpointError(
                 f"HPCPAR_CHECKPOINT_FAULT: bad entry {item!r} "
-                "(use kill=PHASE or enospc=LEVEL, with step=N, rank=R, level=NAME)"
+                "(use kill=PHASE or enospc=LEVEL, with step=N, rank=R, level=NAME, restart=K)"
             )
-        if key in ("step", "rank"):
+        if key in ("step", "rank", "restart"):
             try:
                 fields[key] = int(value)
             except ValueError:
@@ -117,7 +132,7 @@ def parse_fault(text: str | None) -> Fault | None:
         raise CheckpointError(
             "HPCPAR_CHECKPOINT_FAULT: no fault given (kill=PHASE or enospc=LEVEL)"
         )
-    for key in ("step", "rank"):
+    for key in ("step", "rank", "restart"):
         if fields.get(key, 0) < 0:
             raise CheckpointError(f"HPCPAR_CHECKPOINT_FAULT: {key} must be >= 0")
     return Fault(**fields)

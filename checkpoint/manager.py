@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcpar.runtime import flight, settings
+from hpcpar.runtime import flight, results, settings
 
 from .directory import Directory
 from .faults import Fault, parse_fault
@@ -202,9 +202,11 @@ class Checkpointer:
             raise CheckpointError(f"restore: per_rank must be None or 'all', not {per_rank!r}")
         entry = flight.point("checkpoint restore", "checkpoint", None, step)
         try:
-            return self._loader.restore(step, reshard, per_rank, self.committed())
+            found, state = self._loader.restore(step, reshard, per_rank, self.committed())
         finally:
             flight.leave(entry)
+        results.note_resumed(found, self.restored_from)
+        return found, state
 
     def suggest_interval(self, mtbf_s: float, level: str | None = None) -> float:
         """Young/Daly compute time between saves, from this run's median commit time.

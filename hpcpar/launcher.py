@@ -32,6 +32,8 @@ __all__ = [
     "plan_launch",
     "rank_command",
     "run_job",
+    "start_job",
+    "Attempt",
     "oversubscription_env",
     "detached_env",
     "TIMEOUT_EXIT",
@@ -71,6 +73,34 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)
     launcher: str = "mpiexec"
     notes: list[str] = field(default_factory=list)
+    ranks: int = 0  # 0: not known to the plan
+
+
+@dataclass
+class Attempt:
+    """One start of a job: how it ended and when (``time.monotonic`` seconds).
+
+    Attributes:
+        status: The job's exit status, as ``run_job`` returns it.
+        started: When its MPI launcher was started.
+        ended: When its MPI launcher had ended.
+        ready: When the last of its ranks was up (Python and MPI initialised, hpcpar's
+            communicator in use); ``None`` if not every rank got there.
+        failed_at: When the first rank ended, for a job whose ranks left early.
+        failed: The ranks whose failure ended the job (those seen ending first, or
+            that died of a fatal signal).
+        why: One sentence on how it ended, for a job that failed.
+        interrupted: Ended by ``--timeout`` or by a signal to the launcher.
+    """
+
+    status: int
+    started: float
+    ended: float
+    ready: float | None = None
+    failed_at: float | None = None
+    failed: list[int] = field(default_factory=list)
+    why: str = ""
+    interrupted: bool = False
 
 
 def oversubscription_env(vendor: str, ranks: int, cores: int) -> dict[str, str]:
@@ -222,7 +252,7 @@ def plan_launch(
         notes.append(f"mpiexec: {mpi.mpiexec} ({mpi.mpiexec_source})")
     else:
         raise LaunchError(f"launch: unknown launcher {launcher!r}; choose auto, mpiexec or srun")
-    return LaunchPlan(argv, env, launcher, notes)
+    return LaunchPlan(argv, env, launcher, notes, ranks)
 
 
 _PR_SET_PDEATHSIG = 1
@@ -328,7 +358,17 @@ MISMATCH_EXIT = 1  # the status of an uncaught CollectiveMismatchError, whoever 
 
 
 def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
-    """Run a planned job and return its exit status.
+    """Run a planned job and return its exit status (``start_job``'s, reported)."""
+    return start_job(plan, timeout).status
+
+
+def start_job(
+    plan: LaunchPlan,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    then: str | None = None,
+) -> Attempt:
+    """Run a planned job once; how it ended.
 
     The job runs in its own process group; when ``timeout`` seconds pass, or the
     launcher gets SIGINT/SIGTERM, the whole group is killed. A time-out returns 124.
@@ -339,38 +379,65 @@ def run_job(plan: LaunchPlan, timeout: float | None = None) -> int:
     job that a rank ended on purpose (the watchdog) returns the status that rank gave.
     A job the MPI library ended for a truncated message (its status, or its line in
     the job's error output, which passes through the launcher) is a collective called
-    with different counts: reported as such, status ``MISMATCH_EXIT``.
+    with different counts: reported as such, status ``MISMATCH_EXIT``. ``env``: more
+    variables for this start; ``then``: what those reports say follows, in place of
+    the exit status (a restart).
     """
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hpcpar-exits-") as exits:
         folder = Path(exits)
         with Departures(folder) as departures:
             try:
-                status, truncated = _run(plan, timeout, {**os.environ, **plan.env, EXIT_ENV: exits})
+                status, truncated, interrupted = _run(
+                    plan, timeout, {**os.environ, **plan.env, **(env or {}), EXIT_ENV: exits}
+                )
             finally:
                 _end_strays(f"{EXIT_ENV}={exits}".encode())
+        ended_at = time.monotonic()
         gone = unfinished(folder)
         chosen = sorted(set(ended(folder).values()))
         crashed = faults(folder)
         first = departures.first(gone)
+        hello = departures.hello
+    up = len(hello) >= plan.ranks > 0 or (plan.ranks == 0 and bool(hello))
+    attempt = Attempt(
+        status,
+        started,
+        ended_at,
+        ready=max(hello.values()) if up else None,
+        interrupted=interrupted,
+    )
+    culprits = sorted(crashed) or first
+    then = None if interrupted else then
+    if gone:
+        attempt.failed = culprits or gone
+        attempt.failed_at = min(
+            (departures.when[r] for r in gone if r in departures.when), default=None
+        )
     if chosen and status in (*_KILLED, *chosen):
         # a rank ended the job on purpose (the watchdog): the MPI launcher's status is
         # that of whichever rank it saw end first, or of its kill of the rest
-        return chosen[0]
-    if gone and (status == _LIBRARY_TRUNCATE or (truncated and status in _KILLED)):
+        attempt.status = chosen[0]
+        attempt.why = f"a rank ended the job with status {chosen[0]} (the watchdog)"
+    elif gone and (status == _LIBRARY_TRUNCATE or (truncated and status in _KILLED)):
         who = f"rank(s) {format_ranks(first or gone)}"
+        attempt.why = f"CollectiveMismatchError on {who}"
         sys.stderr.write(
             f"hpcpar launch: CollectiveMismatchError on {who}: a message from another rank "
             f"was longer than this rank expected, and the MPI library ended the job: the "
             f"ranks passed different counts or dtypes to a collective; HPCPAR_CHECK=1 names "
-            f"them. Exit status {MISMATCH_EXIT}\n"
+            f"them. {then or f'Exit status {MISMATCH_EXIT}'}\n"
         )
-        return MISMATCH_EXIT
-    if gone and (status in _KILLED or crashed):
-        sys.stderr.write(
-            f"hpcpar launch: {_who_left(gone, first, crashed)}. Exit status {EARLY_EXIT}\n"
-        )
-        return EARLY_EXIT
-    return status
+        attempt.status = MISMATCH_EXIT
+    elif gone and (status in _KILLED or crashed):
+        attempt.why = _who_left(gone, first, crashed)
+        sys.stderr.write(f"hpcpar launch: {attempt.why}. {then or f'Exit status {EARLY_EXIT}'}\n")
+        attempt.status = EARLY_EXIT
+    elif status == TIMEOUT_EXIT and interrupted:
+        attempt.why = f"the job ran past --timeout {timeout:g} s"
+    elif status != 0:
+        attempt.why = f"the job ended with status {status}"
+    return attempt
 
 
 def _who_left(gone: list[int], first: list[int], crashed: dict[int, str]) -> str:
@@ -414,8 +481,12 @@ class _ErrorOutput(threading.Thread):
         self.pipe.close()
 
 
-def _run(plan: LaunchPlan, timeout: float | None, env: dict[str, str]) -> tuple[int, bool]:
-    """The job's status, and whether its error output held MPICH's truncation line."""
+def _run(plan: LaunchPlan, timeout: float | None, env: dict[str, str]) -> tuple[int, bool, bool]:
+    """The job's status, its error output's truncation line, whether it was stopped.
+
+    Stopped: by ``timeout``, or by a signal to this process. The truncation line is
+    MPICH's, for a message longer than its receive buffer.
+    """
     shm_before = _shm_segments()
     # the pre-exec hook makes one system call (prctl) and takes no lock: safe with threads
     proc = subprocess.Popen(
@@ -441,13 +512,13 @@ def _run(plan: LaunchPlan, timeout: float | None, env: dict[str, str]) -> tuple[
             try:
                 status = proc.wait(timeout=remaining)
                 errors.join(timeout=5.0)  # the rest of its output (a stray may hold it open)
-                return status, errors.truncated
+                return status, errors.truncated, bool(stopped)
             except subprocess.TimeoutExpired:
                 sys.stderr.write(
                     f"hpcpar launch: the job ran past --timeout {timeout:g} s; killing it\n"
                 )
                 _kill_group(proc)
-                return TIMEOUT_EXIT, False
+                return TIMEOUT_EXIT, False, True
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

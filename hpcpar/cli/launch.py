@@ -18,13 +18,13 @@ __all__: list[str] = []
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = (
-        "hpcpar launch -n N [--layout L] [--timeout S] [--intercept] [--dry-run] "
-        "-- COMMAND [ARGS...]"
+        "hpcpar launch -n N [--layout L] [--timeout S] [--restarts K] [--intercept] "
+        "[--dry-run] -- COMMAND [ARGS...]"
     )
     parser.epilog = (
         "COMMAND is an hpcpar subcommand (demo, info, bench ...), a script.py, or any program. "
         "Environment: HPCPAR_MPIEXEC picks the mpiexec, HPCPAR_LAUNCHER the launcher, "
-        "HPCPAR_TIMEOUT the default --timeout."
+        "HPCPAR_TIMEOUT the default --timeout, HPCPAR_RESTARTS the default --restarts."
     )
     parser.add_argument(
         "-n",
@@ -43,6 +43,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="kill the whole job after S seconds, exit 124 (default: $HPCPAR_TIMEOUT, else none)",
     )
+    add_restart_arguments(parser)
     parser.add_argument(
         "--watchdog",
         type=real(0, 1e9, above=True),
@@ -81,6 +82,51 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("command", nargs=argparse.REMAINDER, help="what every rank runs, after --")
 
 
+def add_restart_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--restarts``, ``--restart-backoff`` and ``--restart-report`` (launch, vcluster run)."""
+    parser.add_argument(
+        "--restarts",
+        type=integer(0, 1000),
+        default=None,
+        metavar="K",
+        help="start the job again when it fails (a rank killed or crashed, an error, the "
+        "watchdog ending a hang), at most K times; every start sees HPCPAR_RESTART; programs "
+        "that checkpoint resume from their newest checkpoint (default: $HPCPAR_RESTARTS, "
+        "else 0; docs/recovery.md)",
+    )
+    parser.add_argument(
+        "--restart-backoff",
+        type=real(0, 3600),
+        default=1.0,
+        metavar="S",
+        help="the first restart is at once, the second after S seconds, each later one "
+        "after twice the wait before it, at most 30 s (default 1)",
+    )
+    parser.add_argument(
+        "--restart-report",
+        default=None,
+        metavar="FILE",
+        help="write each restart's cause and phases (teardown, back-off, new start) as JSON",
+    )
+
+
+def run_planned(plan: Any, args: argparse.Namespace, timeout: float | None) -> int:
+    """Run ``plan`` once, or with ``args.restarts`` restarts."""
+    from ..launcher import run_job
+    from ..restarts import run_restarting
+
+    restarts = args.restarts if args.restarts is not None else settings.value("HPCPAR_RESTARTS")
+    if not restarts and args.restart_report is None:
+        return run_job(plan, timeout=timeout)
+    return run_restarting(
+        plan,
+        restarts or 0,
+        timeout=timeout,
+        backoff=args.restart_backoff,
+        report=args.restart_report,
+    )
+
+
 def _timeout(args: argparse.Namespace) -> float | None:
     if args.timeout is not None:
         value = args.timeout
@@ -101,7 +147,7 @@ def check_watchdog_settings(env: dict[str, str]) -> None:
 
 
 def _run(_comm: Any, args: argparse.Namespace) -> int:
-    from ..launcher import plan_launch, run_job
+    from ..launcher import plan_launch
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -131,13 +177,14 @@ def _run(_comm: Any, args: argparse.Namespace) -> int:
         print(shlex.join(plan.argv))
         sys.stdout.flush()
         return 0
-    return run_job(plan, timeout=timeout)
+    return run_planned(plan, args, timeout)
 
 
 register(
     Command(
         "launch",
-        "start an MPI job: hpcpar launch -n N [--layout L] [--timeout S] [--watchdog S] -- COMMAND",
+        "start an MPI job: hpcpar launch -n N [--layout L] [--timeout S] [--watchdog S] "
+        "[--restarts K] -- COMMAND",
         _add_arguments,
         _run,
         needs_mpi=False,

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..plugins import Command, commands, register
 from .common import integer, real
+from .launch import add_restart_arguments, run_planned
 
 __all__: list[str] = []
 
@@ -41,6 +42,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="kill the job after S seconds",
     )
+    add_restart_arguments(run)
     run.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     run.add_argument("command", nargs=argparse.REMAINDER, help="what every rank runs, after --")
     sub.add_parser("status", help="show the virtual cluster that is up")
@@ -91,7 +93,7 @@ def _run(_comm: Any, args: argparse.Namespace) -> int:
 
 def _run_job(spec: Any, args: argparse.Namespace, known: Any) -> int:
     from ..errors import UsageError
-    from ..launcher import LaunchPlan, oversubscription_env, rank_command, run_job
+    from ..launcher import LaunchPlan, oversubscription_env, rank_command
     from ..runtime.mpiinfo import find_mpi
     from ..vcluster.netns import network_env, plan_run
 
@@ -115,7 +117,7 @@ def _run_job(spec: Any, args: argparse.Namespace, known: Any) -> int:
     if args.dry_run:
         print(shlex.join(argv), flush=True)
         return 0
-    return run_job(LaunchPlan(argv, env), timeout=args.timeout)
+    return run_planned(LaunchPlan(argv, env, ranks=ranks), args, args.timeout)
 
 
 register(

@@ -178,11 +178,13 @@ class Departures:
     folder and says its number; the kernel closes the connection the moment the rank's
     process ends, however it ends, and a thread of the launcher notes the time.
     ``first(ranks)`` are those seen ending first: the rank that failed, when the MPI
-    launcher then killed the rest (several when their ends arrived together).
+    launcher then killed the rest (several when their ends arrived together). ``hello``
+    holds when each rank said its number: its interpreter and MPI were up.
     """
 
     def __init__(self, folder: Path) -> None:
-        self.when: dict[int, float] = {}
+        self.when: dict[int, float] = {}  # rank -> when its process ended
+        self.hello: dict[int, float] = {}  # rank -> when it said its number (it runs)
         self._path = folder / SOCKET
         self._server: socket.socket | None = None
         self._wake_r, self._wake_w = socket.socketpair()
@@ -240,6 +242,9 @@ class Departures:
                         data = b""
                     if data:
                         key.data.extend(data)
+                        with contextlib.suppress(ValueError, IndexError):
+                            if key.data.endswith(b"\n"):
+                                self.hello.setdefault(int(bytes(key.data).split()[0]), now)
                         continue
                     sel.unregister(conn)
                     conn.close()  # type: ignore[union-attr]

@@ -26,7 +26,17 @@ __all__ = [
     "ResultsError",
     "git_commit",
     "mpi_library",
+    "note_resumed",
 ]
+
+# the version this process's program resumed from: {"step": N, "levels": [...]}
+_resumed: dict[str, Any] | None = None
+
+
+def note_resumed(step: int, levels: Sequence[str]) -> None:
+    """Record the checkpoint this run resumed from (``Checkpointer.restore`` calls it)."""
+    global _resumed
+    _resumed = {"step": int(step), "levels": sorted(set(levels))}
 
 
 def git_commit(path: str | os.PathLike[str] | None = None) -> str | None:
@@ -67,7 +77,10 @@ def run_metadata(
 
     Returns:
         A JSON-able dict: hpcpar version, git commit, MPI library, ranks, layout,
-        parameters, host, Python version and a UTC timestamp.
+        parameters, host, Python version, a UTC timestamp, and the start under
+        ``hpcpar launch --restarts`` (``restart``: 0 for the first; ``restart_failed``:
+        the ranks whose failure ended the one before; ``resumed_from``: the step and
+        levels of the checkpoint restored, if any).
     """
     from mpi4py import MPI
 
@@ -86,6 +99,9 @@ def run_metadata(
         "host": platform.node(),
         "python": sys.version.split()[0],
         "utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "restart": settings.value("HPCPAR_RESTART"),
+        "restart_failed": settings.value("HPCPAR_RESTART_FAILED"),
+        "resumed_from": _resumed,
     }
 
 

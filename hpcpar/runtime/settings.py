@@ -79,6 +79,13 @@ def _count(name: str, raw: str) -> int:
     return int(text)
 
 
+def _whole(name: str, raw: str) -> int:
+    text = raw.strip()
+    if not text.isdigit():
+        raise UsageError(f"{name}={raw!r}: expected a whole number of at least 0")
+    return int(text)
+
+
 def _text(_name: str, raw: str) -> str:
     return raw.strip()
 
@@ -98,6 +105,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "flag": _flag,
     "seconds": _seconds,
     "count": _count,
+    "whole": _whole,
     "text": _text,
     "path": _text,
 }
@@ -108,7 +116,7 @@ class Setting:
     """One ``HPCPAR_*`` variable (``name`` ending in ``_`` names a family by prefix)."""
 
     name: str
-    kind: str  # flag, seconds, count, text, path, or choice
+    kind: str  # flag, seconds, count, whole, text, path, or choice
     default: str | None
     read: str  # import, start, call, launch, jobs or tests
     agree: bool  # the ranks of a communicator must run with the same value
@@ -140,6 +148,33 @@ TABLE: tuple[Setting, ...] = (
         LAUNCH,
         False,
         "default `hpcpar launch --timeout`, in seconds",
+    ),
+    Setting(
+        "HPCPAR_RESTARTS",
+        "whole",
+        "0",
+        LAUNCH,
+        False,
+        "default `hpcpar launch --restarts`: start a job that failed again, up to this "
+        "many times ([Recovery](recovery.md))",
+    ),
+    Setting(
+        "HPCPAR_RESTART",
+        "whole",
+        "0",
+        START,
+        False,
+        "set by `hpcpar launch` for the job: 0 at its first start, K in its K-th restart "
+        "([Recovery](recovery.md))",
+    ),
+    Setting(
+        "HPCPAR_RESTART_FAILED",
+        "text",
+        None,
+        START,
+        False,
+        "set by `hpcpar launch` in a restarted job: the ranks whose failure ended the "
+        "previous start, e.g. `1` or `2,3` ([Recovery](recovery.md))",
     ),
     Setting(
         "HPCPAR_MPIEXEC",
@@ -324,7 +359,7 @@ TABLE: tuple[Setting, ...] = (
         CALL,
         False,
         "inject a fault into checkpoint saves: `kill=PHASE` or `enospc=LEVEL`, with "
-        "`step=`, `rank=`, `level=` ([Checkpointing](checkpointing.md))",
+        "`step=`, `rank=`, `level=`, `restart=` ([Checkpointing](checkpointing.md))",
     ),
     Setting(
         "HPCPAR_EXIT_DIR",

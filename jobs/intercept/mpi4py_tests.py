@@ -1,6 +1,6 @@
 """mpi4py's own collective tests, unchanged, with and without interception at 1-4 ranks.
 
-    pip download mpi4py==VERSION --no-binary :all: --no-deps -d /tmp/m4
+    pip download mpi4py==VERSION --no-binary mpi4py --no-deps -d /tmp/m4
     tar xzf /tmp/m4/mpi4py-VERSION.tar.gz -C /tmp/m4
     python jobs/intercept/mpi4py_tests.py /tmp/m4/mpi4py-VERSION/test
 

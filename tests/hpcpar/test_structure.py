@@ -123,6 +123,7 @@ LAYERS = [
             "hpcpar.cli",
             "hpcpar.bench",
             "hpcpar.launcher",
+            "hpcpar.restarts",
             "hpcpar.intercept",
             "hpcpar.horovod",
             "hpcpar.run",
