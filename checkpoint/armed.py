@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["arm", "disarm", "check_write", "at_half"]
@@ -18,14 +18,14 @@ __all__ = ["arm", "disarm", "check_write", "at_half"]
 _active = threading.local()
 
 
-def arm(enospc: bool, kill_half: bool) -> None:
-    """Arm this thread's next shard write: ENOSPC at its start, or SIGKILL half way."""
-    _active.enospc, _active.kill_half = enospc, kill_half
+def arm(enospc: bool, die: Callable[[], None] | None) -> None:
+    """Arm this thread's next shard write: ENOSPC at its start, or ``die()`` half way."""
+    _active.enospc, _active.die = enospc, die
 
 
 def disarm() -> None:
     """Clear this thread's armed write faults."""
-    _active.enospc = _active.kill_half = False
+    _active.enospc, _active.die = False, None
 
 
 def check_write(path: Path) -> None:
@@ -37,5 +37,6 @@ def check_write(path: Path) -> None:
 
 def at_half() -> None:
     """Called when half of a shard file is written: die if armed."""
-    if getattr(_active, "kill_half", False):
-        os.kill(os.getpid(), signal.SIGKILL)
+    die = getattr(_active, "die", None)
+    if die is not None:
+        die()

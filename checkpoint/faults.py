@@ -8,6 +8,9 @@ comma-separated list of ``key=value``:
   ``snapshot`` (half of the state copied), ``write`` (half of a shard written),
   ``before-commit`` (every shard durable, no commit marker yet) or ``after-commit``.
 - ``enospc=LEVEL``: the write of ``step`` on ``rank`` at LEVEL fails with ENOSPC.
+- ``node=N`` (instead of ``rank``): every rank of node N dies at PHASE, and the node's
+  local storage (``local_dir/node<N>``) goes with it, as when a node is lost; the
+  launcher is told (``hpcpar launch --restarts`` then restarts without that node).
 - ``step=N`` (default: any step), ``rank=R`` (default 0), ``level=NAME`` (kill only at
   that level; default: the first level written), ``restart=K`` (only in the job's K-th
   restart under ``hpcpar launch --restarts``, ``HPCPAR_RESTART``; default 0, the first
@@ -53,17 +56,36 @@ class Fault:
         rank: int = 0,
         level: str | None = None,
         restart: int = 0,
+        node: int | None = None,
     ) -> None:
         self.kill, self.enospc, self.step, self.rank, self.level = kill, enospc, step, rank, level
-        self.restart = restart
+        self.restart, self.node = restart, node
         self.also: list[Fault] = []  # more faults of the same setting (``;``)
+        self._my_node: int | None = None  # this rank's node and its local storage (bind)
+        self._node_dir: Path | None = None
+
+    def bind(self, node: int, node_dir: Path) -> None:
+        """Tell this fault (and ``also``) this rank's node and its local storage."""
+        for fault in (self, *self.also):
+            fault._my_node, fault._node_dir = node, node_dir
+
+    def die(self) -> None:
+        """SIGKILL this process; for a node fault, its node's local storage goes first."""
+        if self.node is not None:
+            from hpcpar.runtime.exits import mark_node_lost
+
+            mark_node_lost(self.node)
+            if self._node_dir is not None:
+                shutil.rmtree(self._node_dir, ignore_errors=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def hits(self, step: int, rank: int) -> bool:
         """Whether this save on this rank, in this start of the job, is the target."""
         from hpcpar.runtime import settings
 
         this = settings.value("HPCPAR_RESTART") or 0
-        return rank == self.rank and self.step in (None, step) and this == self.restart
+        mine = self._my_node == self.node if self.node is not None else rank == self.rank
+        return mine and self.step in (None, step) and this == self.restart
 
     def point(self, phase: str, step: int, rank: int, level: str | None = None) -> None:
         """Die here if this is the phase to kill at (of this fault or one of ``also``)."""
@@ -71,15 +93,13 @@ class Fault:
             if fault.kill != phase or not fault.hits(step, rank):
                 continue
             if level is None or fault.level in (None, level):
-                os.kill(os.getpid(), signal.SIGKILL)
+                fault.die()
 
     def arm_write(self, step: int, rank: int, level: str) -> None:
         """Arm this thread's next shard write (ENOSPC, or a kill half way), if targeted."""
         hits = [f for f in (self, *self.also) if f.hits(step, rank)]
-        arm(
-            any(f.enospc == level for f in hits),
-            any(f.kill == "write" and f.level in (None, level) for f in hits),
-        )
+        dying = [f for f in hits if f.kill == "write" and f.level in (None, level)]
+        arm(any(f.enospc == level for f in hits), dying[0].die if dying else None)
 
     @staticmethod
     def disarm() -> None:
@@ -104,12 +124,13 @@ def _one_fault(text: str) -> Fault:
     fields: dict[str, Any] = {}
     for item in text.split(","):
         key, sep, value = item.strip().partition("=")
-        if not sep or key not in ("kill", "enospc", "step", "rank", "level", "restart"):
+        if not sep or key not in ("kill", "enospc", "step", "rank", "level", "restart", "node"):
             raise CheckpointError(
                 f"HPCPAR_CHECKPOINT_FAULT: bad entry {item!r} "
-                "(use kill=PHASE or enospc=LEVEL, with step=N, rank=R, level=NAME, restart=K)"
+                "(use kill=PHASE or enospc=LEVEL, with step=N, rank=R or node=N, level=NAME, "
+                "restart=K)"
             )
-        if key in ("step", "rank", "restart"):
+        if key in ("step", "rank", "restart", "node"):
             try:
                 fields[key] = int(value)
             except ValueError:
@@ -132,7 +153,9 @@ def _one_fault(text: str) -> Fault:
         raise CheckpointError(
             "HPCPAR_CHECKPOINT_FAULT: no fault given (kill=PHASE or enospc=LEVEL)"
         )
-    for key in ("step", "rank", "restart"):
+    if "node" in fields and "rank" in fields:
+        raise CheckpointError("HPCPAR_CHECKPOINT_FAULT: give rank=R or node=N, not both")
+    for key in ("step", "rank", "restart", "node"):
         if fields.get(key, 0) < 0:
             raise CheckpointError(f"HPCPAR_CHECKPOINT_FAULT: {key} must be >= 0")
     return Fault(**fields)

@@ -91,6 +91,8 @@ class Checkpointer:
         self._directory = Directory(self.comm, self.root)
         local = Path(local_dir) if local_dir is not None else self.root / "nodes"
         self.job = Job(self.comm, node_of, self.root, local)
+        if fault is not None:
+            fault.bind(self.job.node, self.job.node_dir())
         files = [LEVELS[n] for n in names if not LEVELS[n].in_memory]
         try:
             floor = self._directory.open(bool(overwrite))  # a save must be newer

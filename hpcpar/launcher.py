@@ -23,7 +23,7 @@ from .errors import LaunchError
 from .layout import format_ranks, node_assignment
 from .runtime import settings
 from .runtime.env import usable_cores
-from .runtime.exits import EARLY_EXIT, Departures, ended, faults, unfinished
+from .runtime.exits import EARLY_EXIT, Departures, ended, faults, lost_nodes, unfinished
 from .runtime.exits import ENV as EXIT_ENV
 from .runtime.mpiinfo import MPIInstallation, find_mpi
 
@@ -91,6 +91,7 @@ class Attempt:
             that died of a fatal signal).
         why: One sentence on how it ended, for a job that failed.
         interrupted: Ended by ``--timeout`` or by a signal to the launcher.
+        lost_nodes: The (virtual) nodes lost with their processes and storage.
     """
 
     status: int
@@ -101,6 +102,7 @@ class Attempt:
     failed: list[int] = field(default_factory=list)
     why: str = ""
     interrupted: bool = False
+    lost_nodes: list[int] = field(default_factory=list)
 
 
 def oversubscription_env(vendor: str, ranks: int, cores: int) -> dict[str, str]:
@@ -399,6 +401,7 @@ def start_job(
         crashed = faults(folder)
         first = departures.first(gone)
         hello = departures.hello
+        lost = lost_nodes(folder)
     up = len(hello) >= plan.ranks > 0 or (plan.ranks == 0 and bool(hello))
     attempt = Attempt(
         status,
@@ -406,6 +409,7 @@ def start_job(
         ended_at,
         ready=max(hello.values()) if up else None,
         interrupted=interrupted,
+        lost_nodes=lost,
     )
     culprits = sorted(crashed) or first
     then = None if interrupted else then
@@ -431,6 +435,8 @@ def start_job(
         attempt.status = MISMATCH_EXIT
     elif gone and (status in _KILLED or crashed):
         attempt.why = _who_left(gone, first, crashed)
+        if lost:
+            attempt.why = f"node(s) {format_ranks(lost)} lost; {attempt.why}"
         sys.stderr.write(f"hpcpar launch: {attempt.why}. {then or f'Exit status {EARLY_EXIT}'}\n")
         attempt.status = EARLY_EXIT
     elif status == TIMEOUT_EXIT and interrupted:

@@ -23,16 +23,23 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .launcher import TIMEOUT_EXIT, Attempt, LaunchPlan, start_job
-from .layout import format_ranks
+from .layout import format_ranks, node_assignment
 from .runtime.results import atomic_write
 
-__all__ = ["MAX_BACKOFF", "Recovery", "RestartReport", "restartable", "run_restarting"]
+__all__ = [
+    "MAX_BACKOFF",
+    "Recovery",
+    "RestartReport",
+    "restartable",
+    "run_restarting",
+    "survivors",
+]
 
 MAX_BACKOFF = 30.0  # seconds: the longest wait before a restart
 USAGE_EXIT = 2  # bad input: every start would fail the same way
@@ -65,6 +72,10 @@ class Recovery:
         start: From the new start to every one of its ranks up.
         down: From the failure to every rank of the new start up (the time lost to
             recovery, not counting the work since the program's last checkpoint).
+        lost_nodes: The nodes lost with that start.
+        ranks: The new start's rank count.
+        layout: The new start's virtual node layout (``None``: as before).
+        spares: Spare nodes brought in for lost ones.
     """
 
     restart: int
@@ -76,6 +87,10 @@ class Recovery:
     wait: float
     start: float | None = None
     down: float | None = None
+    lost_nodes: list[int] = field(default_factory=list)
+    ranks: int = 0
+    layout: str | None = None
+    spares: int = 0
 
 
 @dataclass
@@ -109,15 +124,37 @@ class RestartReport:
                 )
             )
             who = f"rank(s) {format_ranks(r.failed)}" if r.failed else "the job"
+            if r.lost_nodes:
+                who = f"node(s) {format_ranks(r.lost_nodes)}"
             out.append(
                 f"restart {r.restart}: {who} failed after {r.ran:.1f} s (status {r.status}); "
-                f"{phases}"
+                f"{_restarted_on(r)}{phases}"
             )
         return out
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict of the report."""
         return asdict(self)
+
+
+def _restarted_on(r: Recovery) -> str:
+    if r.spares:
+        return f"{r.spares} spare node(s) in their place; "
+    if r.lost_nodes:
+        return f"restarted on the {r.ranks} rank(s) of the other nodes ({r.layout}); "
+    return ""
+
+
+def survivors(layout: str | None, ranks: int, lost: list[int]) -> tuple[int, str | None]:
+    """The rank count and layout of a job without the ``lost`` nodes of ``layout``.
+
+    The surviving nodes keep their sizes and order (``nodes:2,2`` less node 0 is
+    ``nodes:2``); a job without a layout is one node.
+    """
+    node_of = node_assignment(layout, ranks) if layout else [0] * ranks
+    sizes = [node_of.count(n) for n in sorted(set(node_of)) if n not in lost]
+    left = sum(sizes)
+    return left, (f"nodes:{','.join(map(str, sizes))}" if left else None)
 
 
 def _seconds(value: float | None) -> str:
@@ -132,8 +169,17 @@ def run_restarting(
     backoff: float = 1.0,
     report: str | Path | None = None,
     environ: Mapping[str, str] | None = None,
+    replan: Callable[[int, str | None], LaunchPlan] | None = None,
+    layout: str | None = None,
+    min_ranks: int = 1,
+    spares: int = 0,
 ) -> int:
     """Run ``plan``, starting it again after a failure, at most ``restarts`` times.
+
+    A start that lost (virtual) nodes is started again with spare nodes in their place
+    while ``spares`` remain (the same ranks and layout: the new nodes' storage is
+    empty), else on the surviving nodes' ranks (``replan(ranks, layout)`` makes that
+    plan), unless fewer than ``min_ranks`` are left.
 
     Args:
         plan: The job.
@@ -143,71 +189,133 @@ def run_restarting(
         backoff: The wait before the second restart; it doubles for each later one.
         report: A file to write the report to as JSON (rank-independent, atomic).
         environ: Variables added to every start (tests).
+        replan: The plan for another rank count and layout (``None``: no node loss is
+            survived but with spares).
+        layout: ``plan``'s virtual node layout.
+        min_ranks: The fewest ranks a restart may run on.
+        spares: Nodes kept idle to replace lost ones.
 
     Returns:
         The exit status of the last start.
     """
-    began = time.monotonic()
-    deadline = None if timeout is None else began + timeout
-    result = RestartReport(restarts)
-    extra = {**(environ or {}), "HPCPAR_RESTART": "0"}
-    previous: Attempt | None = None
+    restarter = _Restarter(plan, restarts, timeout, backoff, dict(environ or {}))
+    restarter.replan, restarter.layout = replan, layout
+    restarter.min_ranks, restarter.spares = min_ranks, spares
     try:
-        for number in range(restarts + 1):
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                sys.stderr.write(f"hpcpar launch: the job ran past --timeout {timeout:g} s\n")
-                result.status = TIMEOUT_EXIT
-                break
-            then = f"Restarting ({number + 1} of {restarts})" if number < restarts else None
-            attempt = start_job(plan, remaining, extra, then)
-            if previous is not None:
-                last = result.recoveries[-1]
-                if attempt.ready is not None:
-                    last.start = attempt.ready - attempt.started
-                    failed_at = previous.failed_at or previous.ended
-                    last.down = attempt.ready - failed_at
-            result.status = attempt.status
-            if not restarts or not restartable(attempt):
-                break
-            if number == restarts:
-                result.gave_up = True
-                break
-            wait = backoff_delay(number + 1, backoff)
-            if deadline is not None:
-                wait = min(wait, max(0.0, deadline - time.monotonic()))
-            teardown = None if attempt.failed_at is None else attempt.ended - attempt.failed_at
-            result.recoveries.append(
-                Recovery(
-                    number + 1,
-                    attempt.failed,
-                    attempt.why or f"status {attempt.status}",
-                    attempt.status,
-                    attempt.ended - attempt.started,
-                    teardown,
-                    wait,
-                )
-            )
-            later = f" in {wait:g} s" if wait else ""
-            who = f"rank(s) {format_ranks(attempt.failed)}" if attempt.failed else "the job"
-            sys.stderr.write(
-                f"hpcpar launch: restart {number + 1} of {restarts}{later} ({who} failed, "
-                f"status {attempt.status})\n"
-            )
-            sys.stderr.flush()
-            time.sleep(wait)
-            extra = {
-                **(environ or {}),
-                "HPCPAR_RESTART": str(number + 1),
-                "HPCPAR_RESTART_FAILED": ",".join(str(r) for r in attempt.failed),
-            }
-            previous = attempt
+        restarter.run()
     except KeyboardInterrupt:
-        result.status = 130
-    result.seconds = time.monotonic() - began
+        restarter.result.status = 130
+    result = restarter.result
+    result.seconds = time.monotonic() - restarter.began
     if result.recoveries or result.gave_up:
         for line in result.lines():
             sys.stderr.write(f"hpcpar launch: {line}\n")
     if report is not None:
         atomic_write(Path(report), json.dumps(result.to_json(), indent=1) + "\n")
     return result.status
+
+
+class _Restarter:
+    """``run_restarting``'s loop and what it keeps between starts."""
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        restarts: int,
+        timeout: float | None,
+        backoff: float,
+        environ: dict[str, str],
+    ) -> None:
+        self.plan, self.restarts, self.timeout, self.backoff = plan, restarts, timeout, backoff
+        self.environ = environ
+        self.replan: Callable[[int, str | None], LaunchPlan] | None = None
+        self.layout: str | None = None
+        self.min_ranks, self.spares = 1, 0
+        self.began = time.monotonic()
+        self.deadline = None if timeout is None else self.began + timeout
+        self.result = RestartReport(restarts)
+
+    def run(self) -> None:
+        extra = {**self.environ, "HPCPAR_RESTART": "0"}
+        previous: Attempt | None = None
+        for number in range(self.restarts + 1):
+            remaining = None if self.deadline is None else self.deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                sys.stderr.write(f"hpcpar launch: the job ran past --timeout {self.timeout:g} s\n")
+                self.result.status = TIMEOUT_EXIT
+                return
+            then = (
+                f"Restarting ({number + 1} of {self.restarts})" if number < self.restarts else None
+            )
+            attempt = start_job(self.plan, remaining, extra, then)
+            if previous is not None and attempt.ready is not None:
+                last = self.result.recoveries[-1]
+                last.start = attempt.ready - attempt.started
+                last.down = attempt.ready - (previous.failed_at or previous.ended)
+            self.result.status = attempt.status
+            if not self.restarts or not restartable(attempt):
+                return
+            if number == self.restarts:
+                self.result.gave_up = True
+                return
+            recovery = self._recovery(number + 1, attempt)
+            if recovery is None:
+                self.result.gave_up = True
+                return
+            self.result.recoveries.append(recovery)
+            who = f"rank(s) {format_ranks(attempt.failed)}" if attempt.failed else "the job"
+            later = f" in {recovery.wait:g} s" if recovery.wait else ""
+            sys.stderr.write(
+                f"hpcpar launch: restart {number + 1} of {self.restarts}{later} ({who} failed, "
+                f"status {attempt.status})\n"
+            )
+            sys.stderr.flush()
+            time.sleep(recovery.wait)
+            extra = {
+                **self.environ,
+                "HPCPAR_RESTART": str(number + 1),
+                "HPCPAR_RESTART_FAILED": ",".join(str(r) for r in attempt.failed),
+            }
+            previous = attempt
+
+    def _recovery(self, number: int, attempt: Attempt) -> Recovery | None:
+        """The next restart's record (its plan made), or None when it cannot be."""
+        wait = backoff_delay(number, self.backoff)
+        if self.deadline is not None:
+            wait = min(wait, max(0.0, self.deadline - time.monotonic()))
+        teardown = None if attempt.failed_at is None else attempt.ended - attempt.failed_at
+        recovery = Recovery(
+            number,
+            attempt.failed,
+            attempt.why or f"status {attempt.status}",
+            attempt.status,
+            attempt.ended - attempt.started,
+            teardown,
+            wait,
+            lost_nodes=attempt.lost_nodes,
+            ranks=self.plan.ranks,
+        )
+        lost = len(attempt.lost_nodes)
+        if lost:  # every rank of a lost node failed, whichever the launcher saw end first
+            node_of = node_assignment(self.layout, self.plan.ranks) if self.layout else []
+            attempt.failed = [r for r, n in enumerate(node_of) if n in attempt.lost_nodes]
+            recovery.failed = attempt.failed
+        if lost and lost <= self.spares:
+            self.spares -= lost
+            recovery.spares = lost
+        elif lost:
+            ranks, layout = survivors(self.layout, self.plan.ranks, attempt.lost_nodes)
+            refusal = None
+            if self.replan is None:
+                refusal = "this launch cannot restart on fewer nodes"
+            elif ranks < self.min_ranks:
+                refusal = f"{ranks} rank(s) are left, fewer than --min-ranks {self.min_ranks}"
+            if refusal or self.replan is None:
+                sys.stderr.write(
+                    f"hpcpar launch: node(s) {format_ranks(attempt.lost_nodes)} lost and no "
+                    f"spare node left; {refusal}: not restarting\n"
+                )
+                return None
+            self.plan, self.layout = self.replan(ranks, layout), layout
+            recovery.ranks, recovery.layout = ranks, layout
+        return recovery

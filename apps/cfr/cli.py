@@ -9,7 +9,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpcpar.cli.common import add_layout_argument, integer, output_path, real
+from hpcpar.cli.common import (
+    add_checkpoint_levels_argument,
+    add_layout_argument,
+    integer,
+    output_path,
+    real,
+)
 from hpcpar.plugins import Command, register
 from hpcpar.runtime.plots import pyplot, save
 
@@ -49,6 +55,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--eval-every", type=integer(1), default=10, metavar="K", help="exploitability every K (10)"
     )
     parser.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (resumes)")
+    add_checkpoint_levels_argument(parser)
     parser.add_argument(
         "--checkpoint-every",
         type=integer(0),
@@ -119,7 +126,7 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     if args.checkpoint:
         from hpcpar.checkpoint import Checkpointer
 
-        ck = Checkpointer(args.checkpoint, comm=h, levels=["memory", "local"])
+        ck = Checkpointer(args.checkpoint, comm=h, levels=args.checkpoint_levels)
         if ck.versions():
             _, state = ck.restore(reshard=solver.blocks())  # saved on any number of ranks
             solver.load_state(state)

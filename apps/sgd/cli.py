@@ -7,7 +7,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpcpar.cli.common import add_layout_argument, integer, output_path, real
+from hpcpar.cli.common import (
+    add_checkpoint_levels_argument,
+    add_layout_argument,
+    integer,
+    output_path,
+    real,
+)
 from hpcpar.plugins import Command, register
 from hpcpar.runtime.plots import pyplot, save
 
@@ -93,6 +99,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reproducible", action="store_true", help="bitwise reductions")
     parser.add_argument("--seed", type=integer(0), default=0)
     parser.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (resumes)")
+    add_checkpoint_levels_argument(parser)
     parser.add_argument(
         "--checkpoint-every",
         type=integer(0),
@@ -300,7 +307,7 @@ def _resume(
     import numpy as np
     from hpcpar.checkpoint import Checkpointer, Replicated, Sharded
 
-    ck = Checkpointer(args.checkpoint, comm=h, levels=["memory", "local"])
+    ck = Checkpointer(args.checkpoint, comm=h, levels=args.checkpoint_levels)
     if not ck.versions():
         return ck, 0, 0, 0, []
     _, state = ck.restore()

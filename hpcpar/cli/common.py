@@ -93,6 +93,29 @@ def add_layout_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def checkpoint_levels(text: str) -> list[str]:
+    """An argparse ``type``: comma-separated checkpoint level names (``memory,local,partner``)."""
+    from ..checkpoint import CheckpointError
+    from ..checkpoint.policy import check_levels
+
+    try:
+        return check_levels([name.strip() for name in text.split(",") if name.strip()])
+    except CheckpointError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_checkpoint_levels_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--checkpoint-levels`` (the apps' ``Checkpointer`` levels)."""
+    parser.add_argument(
+        "--checkpoint-levels",
+        type=checkpoint_levels,
+        default=["memory", "local"],
+        metavar="LEVELS",
+        help="checkpoint levels, comma-separated: memory, local, partner, xor, hdf5 "
+        "(default: memory,local; partner or xor survive the loss of a node)",
+    )
+
+
 def output_path(text: str) -> str:
     """An argparse ``type``: a file hpcpar can create there (checked before any work starts).
 

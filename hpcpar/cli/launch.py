@@ -103,6 +103,22 @@ def add_restart_arguments(parser: argparse.ArgumentParser) -> None:
         "after twice the wait before it, at most 30 s (default 1)",
     )
     parser.add_argument(
+        "--min-ranks",
+        type=integer(1, 1 << 20),
+        default=1,
+        metavar="M",
+        help="with --restarts: a job that lost (virtual) nodes restarts on the ranks of the "
+        "other nodes if at least M are left (default 1)",
+    )
+    parser.add_argument(
+        "--spares",
+        type=integer(0, 1 << 20),
+        default=0,
+        metavar="S",
+        help="with --restarts: S nodes kept idle to replace lost ones, so the job restarts "
+        "on as many ranks as before (default 0)",
+    )
+    parser.add_argument(
         "--restart-report",
         default=None,
         metavar="FILE",
@@ -110,8 +126,14 @@ def add_restart_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_planned(plan: Any, args: argparse.Namespace, timeout: float | None) -> int:
-    """Run ``plan`` once, or with ``args.restarts`` restarts."""
+def run_planned(
+    plan: Any,
+    args: argparse.Namespace,
+    timeout: float | None,
+    replan: Any = None,
+    layout: str | None = None,
+) -> int:
+    """Run ``plan`` once, or with ``args.restarts`` restarts (``run_restarting``)."""
     from ..launcher import run_job
     from ..restarts import run_restarting
 
@@ -124,6 +146,10 @@ def run_planned(plan: Any, args: argparse.Namespace, timeout: float | None) -> i
         timeout=timeout,
         backoff=args.restart_backoff,
         report=args.restart_report,
+        replan=replan,
+        layout=layout,
+        min_ranks=args.min_ranks,
+        spares=args.spares,
     )
 
 
@@ -153,21 +179,27 @@ def _run(_comm: Any, args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     timeout = _timeout(args)
-    plan = plan_launch(
-        args.ranks,
-        command,
-        layout=args.layout,
-        launcher=args.launcher,
-        known_commands=commands().keys(),
-        oversubscribe=args.oversubscribe,
-        intercept=args.intercept,
-    )
-    if args.explain_calls:
-        if not args.intercept:
-            raise UsageError("launch: --explain-calls needs --intercept")
-        plan.env["HPCPAR_INTERCEPT_REPORT"] = "-"
-    if args.watchdog is not None:
-        plan.env["HPCPAR_WATCHDOG"] = f"{args.watchdog:g}"
+
+    def planned(ranks: int, layout: str | None) -> Any:
+        plan = plan_launch(
+            ranks,
+            command,
+            layout=layout,
+            launcher=args.launcher,
+            known_commands=commands().keys(),
+            oversubscribe=args.oversubscribe,
+            intercept=args.intercept,
+        )
+        if args.explain_calls:
+            plan.env["HPCPAR_INTERCEPT_REPORT"] = "-"
+        if args.watchdog is not None:
+            plan.env["HPCPAR_WATCHDOG"] = f"{args.watchdog:g}"
+        return plan
+
+    if args.explain_calls and not args.intercept:
+        raise UsageError("launch: --explain-calls needs --intercept")
+    layout = args.layout or settings.value("HPCPAR_LAYOUT")
+    plan = planned(args.ranks, args.layout)
     check_watchdog_settings({**os.environ, **plan.env})
     if args.dry_run:
         for note in plan.notes:
@@ -177,7 +209,7 @@ def _run(_comm: Any, args: argparse.Namespace) -> int:
         print(shlex.join(plan.argv))
         sys.stdout.flush()
         return 0
-    return run_planned(plan, args, timeout)
+    return run_planned(plan, args, timeout, planned, layout)
 
 
 register(

@@ -41,6 +41,8 @@ __all__ = [
     "Departures",
     "ended",
     "faults",
+    "lost_nodes",
+    "mark_node_lost",
     "mark_ended",
     "mark_started",
     "unfinished",
@@ -116,6 +118,23 @@ def mark_ended(status: int) -> None:
     if folder and _rank is not None:
         with contextlib.suppress(OSError):
             (Path(folder) / f"rank{_rank}.ended").write_text(f"{status}\n")
+
+
+def mark_node_lost(node: int) -> None:
+    """Record that (virtual) node ``node`` is lost with its processes and storage.
+
+    A real node's loss is seen by the launcher; a virtual node's (a fault injected
+    with ``HPCPAR_CHECKPOINT_FAULT=...,node=N``) is told by its ranks, before they die.
+    """
+    folder = os.environ.get(ENV)
+    if folder:
+        _touch(Path(folder) / f"node{node}.lost")
+
+
+def lost_nodes(folder: Path) -> list[int]:
+    """The nodes recorded as lost (``mark_node_lost``)."""
+    names = (p.name[4:-5] for p in folder.glob("node*.lost"))
+    return sorted(int(n) for n in names if n.isdigit())
 
 
 def ended(folder: Path) -> dict[int, int]:

@@ -70,6 +70,14 @@ def test_several_faults_and_the_start_each_fires_in(monkeypatch):
 
     with pytest.raises(CheckpointError, match="restart must be an integer"):
         parse_fault("kill=write,restart=x")
+    with pytest.raises(CheckpointError, match="give rank=R or node=N, not both"):
+        parse_fault("kill=write,rank=1,node=0")
+    node = parse_fault("kill=snapshot,node=1")
+    node.bind(0, Path("/nonexistent"))
+    monkeypatch.delenv("HPCPAR_RESTART")
+    assert not node.hits(1, 1)  # rank 1 of node 0 is not on node 1
+    node.bind(1, Path("/nonexistent"))
+    assert node.hits(1, 0)
 
 
 def _launch(*args: str, env=None, timeout: float = 150):
@@ -194,3 +202,66 @@ def test_bad_input_is_not_restarted_and_bad_restart_settings_are_one_line():
     bad = _launch("-n", "1", "--", "info", env=env)
     assert bad.returncode == 2, bad.stderr
     assert "HPCPAR_RESTARTS='many': expected a whole number of at least 0" in bad.stderr
+
+
+def test_the_ranks_and_layout_left_after_nodes_are_lost():
+    from hpcpar.restarts import survivors
+
+    assert survivors("nodes:2,1,1", 4, [0]) == (2, "nodes:1,1")
+    assert survivors("ppn:2", 6, [1]) == (4, "nodes:2,2")
+    assert survivors("roundrobin:2", 4, [0]) == (2, "nodes:2")
+    assert survivors(None, 3, [0]) == (0, None)
+
+
+SGD = ["-m", "hpcpar", "sgd", "--dataset", "wine", "--model", "mlp", "--hidden", "8"]
+SGD += ["--epochs", "3", "--batch", "24", "--lr", "0.05", "--reproducible", "--full-data"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("spares", [0, 1])
+def test_a_lost_node_restarts_on_the_others_or_on_a_spare_and_resumes_bitwise(tmp_path, spares):
+    """Four ranks on virtual nodes of 2, 1 and 1 ranks; node 0 dies with its local
+    storage half way through a save. Without spares the job restarts on the two ranks
+    of the other nodes, with one it restarts on four; either way rank 0's shard comes
+    back from its partner copy and the model is bitwise that of a run without failures
+    (--reproducible --full-data: the same at any rank count)."""
+    from launching import clean_env
+
+    python = [sys.executable, *SGD]
+    plain = _launch("-n", "2", "--", *python, "--out", str(tmp_path / "p.json"))
+    assert plain.returncode == 0, plain.stderr
+    ck = ["--checkpoint", str(tmp_path / "ck"), "--checkpoint-every", "3"]
+    ck += ["--checkpoint-levels", "memory,local,partner", "--out", str(tmp_path / "r.json")]
+    fault = clean_env(HPCPAR_CHECKPOINT_FAULT="kill=write,step=9,node=0")
+    launch = ["-n", "4", "--layout", "nodes:2,1,1", "--restarts", "1", "--spares", str(spares)]
+    run = _launch(*launch, "--", *python, *ck, env=fault)
+    assert run.returncode == 0, run.stderr
+    assert "# resumed at step 6" in run.stdout
+    assert np.array_equal(np.load(tmp_path / "p.npy"), np.load(tmp_path / "r.npy"))
+    meta = json.loads((tmp_path / "r.json").read_text())["metadata"]
+    assert meta["restart"] == 1 and meta["restart_failed"] == "0,1"
+    assert meta["resumed_from"] == {"step": 6, "levels": ["local", "partner"]}
+    if spares:
+        assert meta["ranks"] == 4 and meta["layout"] == "nodes:2,1,1"
+        assert "1 spare node(s) in their place" in run.stderr
+    else:
+        assert meta["ranks"] == 2 and meta["layout"] == "nodes:1,1"
+        assert "restarted on the 2 rank(s) of the other nodes (nodes:1,1)" in run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_node_lost_with_too_few_ranks_left_is_not_restarted(tmp_path):
+    from launching import clean_env
+
+    fault = clean_env(HPCPAR_CHECKPOINT_FAULT="kill=snapshot,step=3,node=1")
+    ck = ["--checkpoint", str(tmp_path / "ck"), "--checkpoint-every", "3"]
+    launch = ["-n", "3", "--layout", "nodes:1,2", "--restarts", "2", "--min-ranks", "2"]
+    run = _launch(*launch, "--", sys.executable, *SGD, *ck, env=fault)
+    assert run.returncode == 3, run.stderr
+    assert (
+        "node(s) 1 lost and no spare node left; 1 rank(s) are left, fewer than --min-ranks 2: "
+        "not restarting"
+    ) in run.stderr
+    assert "gave up after 0 restart(s) of 2 allowed" in run.stderr
