@@ -359,7 +359,8 @@ TABLE: tuple[Setting, ...] = (
         CALL,
         False,
         "inject a fault into checkpoint saves: `kill=PHASE` or `enospc=LEVEL`, with "
-        "`step=`, `rank=`, `level=`, `restart=` ([Checkpointing](checkpointing.md))",
+        "`step=`, `rank=` or `node=`, `level=`, `restart=`; several separated by `;` "
+        "([Checkpointing](checkpointing.md))",
     ),
     Setting(
         "HPCPAR_EXIT_DIR",
