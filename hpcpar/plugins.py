@@ -58,6 +58,7 @@ CORE_MODULES = (
     "hpcpar.bench.allreduce_mpi",
     "hpcpar.bench.collectives",
     "hpcpar.bench.codecs",
+    "hpcpar.bench.recovery",
     "hpcpar.bench.datatypes",
     "hpcpar.bench.checkpoint",
     "hpcpar.bench.flight",

@@ -33,9 +33,14 @@ def partner_of(job: Job, rank: int) -> int:
 class PartnerLevel(Level):
     """``node<N>/partner/v<step>/rank<R>.shard`` and ``copy-rank<Q>.shard`` for held ranks.
 
+    A job on a single node has no partner level (a copy on the same node protects
+    nothing; use a virtual layout to test), except one that ``hpcpar launch
+    --restarts`` started again on the one node left after the others were lost: it
+    restores from the copies its lost nodes' partners kept, and until it runs on more
+    nodes again its new copies stay on its own node (rank 0 says so once).
+
     Raises:
-        CheckpointError: the job has a single node (a copy on the same node protects
-            nothing; use a virtual layout to test).
+        CheckpointError: the job has a single node and is not such a restart.
     """
 
     name = "partner"
@@ -44,10 +49,21 @@ class PartnerLevel(Level):
     def __init__(self, job: Job) -> None:
         super().__init__(job)
         if job.n_nodes < 2:
-            raise CheckpointError(
-                "the partner level needs at least 2 nodes; this job has 1 "
-                "(use a layout such as ppn:1 to simulate nodes)"
-            )
+            from hpcpar.runtime import settings
+
+            if not settings.value("HPCPAR_RESTART_FAILED"):
+                raise CheckpointError(
+                    "the partner level needs at least 2 nodes; this job has 1 "
+                    "(use a layout such as ppn:1 to simulate nodes)"
+                )
+            if job.rank == 0:
+                import sys
+
+                sys.stderr.write(
+                    "hpcpar: warning: this restarted job runs on one node: the partner "
+                    "level restores from the copies kept for the lost nodes, and keeps "
+                    "its new copies on this node (they survive no node loss)\n"
+                )
         self.partner = partner_of(job, job.rank)
         self.held = [r for r in range(job.size) if partner_of(job, r) == job.rank]
 

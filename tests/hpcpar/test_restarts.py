@@ -265,3 +265,26 @@ def test_a_node_lost_with_too_few_ranks_left_is_not_restarted(tmp_path):
         "not restarting"
     ) in run.stderr
     assert "gave up after 0 restart(s) of 2 allowed" in run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_recovery_benchmark_times_a_restart_and_the_peer_and_checks_the_model(tmp_path):
+    from launching import hpcpar as run_hpcpar
+
+    out = tmp_path / "rec"
+    args = ["bench", "recovery", "--apps", "cfr", "--ranks", "3", "--layout", "nodes:2,1"]
+    args += ["--kill-step", "3", "--repeats", "1", "--output", str(out)]
+    run = run_hpcpar(*args, timeout=280)
+    assert run.returncode == 0, run.stderr
+    rows = {r["variant"]: r for r in json.loads(out.with_suffix(".json").read_text())["results"]}
+    lost_ways = [(lost, way) for lost in ("process", "node") for way in ("restart", "by-hand")]
+    assert set(rows) == {f"cfr-{lost}-{way}" for lost, way in lost_ways}
+    assert all(r["valid"] and r["avg_us"] > 0 for r in rows.values())
+    for lost in ("process", "node"):
+        ratio = rows[f"cfr-{lost}-by-hand"]["vs_peer"]
+        assert ratio == pytest.approx(
+            rows[f"cfr-{lost}-by-hand"]["avg_us"] / rows[f"cfr-{lost}-restart"]["avg_us"]
+        )
+    bad = run_hpcpar("bench", "recovery", "--apps", "sgd,go")
+    assert bad.returncode == 2 and "--apps takes sgd, cfr, not 'sgd,go'" in bad.stderr

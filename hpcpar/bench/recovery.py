@@ -1,0 +1,270 @@
+"""``hpcpar bench recovery``: from a killed rank or node to the next completed step.
+
+Run as one process; it launches the jobs itself. Each case trains an app (``sgd`` or
+``cfr``) at ``--ranks`` ranks on the virtual nodes of ``--layout``, saving every step,
+and kills one rank (``process``) or every rank of the last node with its local storage
+(``node``) right after step ``--kill-step`` commits. Two ways back are timed from the
+same kind of run:
+
+- ``restart``: ``hpcpar launch --restarts 1`` starts the job again at once (on the
+  surviving nodes' ranks after a node loss); it restores from the node-local level, and
+  the lost node's shards from their partner copies.
+- ``by-hand``: the peer, what a user does today: the job ends, and the same command is
+  started again at once (no queue wait counted, in the peer's favour) from the HDF5
+  level on the shared file system, the only level that job writes besides memory.
+
+The figure is the time from the kill (the commit marker of the killed step appearing)
+to the first step completed after it (the next marker), polled every millisecond, and
+the restart's phases from ``--restart-report``. Every run's final model is checked
+bitwise against an uninterrupted run's (sgd's parameters with ``--reproducible
+--full-data``, cfr's average policy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..cli.common import integer
+from ..errors import UsageError
+from ..plugins import Benchmark, register
+from .harness import Measurement
+
+__all__: list[str] = []
+
+_POLL = 0.001  # seconds between looks at the commit markers
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--apps", default="sgd,cfr", help="apps to train, comma-separated: sgd, cfr (both)"
+    )
+    parser.add_argument(
+        "--failures",
+        default="process,node",
+        help="what is lost, comma-separated: process (one rank) and node (every rank of "
+        "the last virtual node and its storage) (default both)",
+    )
+    parser.add_argument(
+        "--ranks", type=integer(2, 64), default=4, help="ranks of the job (default 4)"
+    )
+    parser.add_argument(
+        "--kill-step", type=integer(1), default=6, metavar="S", help="killed after step S (6)"
+    )
+    parser.add_argument("--no-hand", action="store_true", help="skip the by-hand peer")
+
+
+def _app_command(app: str, out: Path, steps: int) -> list[str]:
+    if app == "sgd":
+        return [
+            *("sgd", "--dataset", "digits", "--model", "mlp", "--hidden", "256"),
+            *("--epochs", str(max(2, steps // 20 + 1)), "--batch", "96", "--lr", "0.05"),
+            *("--reproducible", "--full-data", "--out", str(out)),
+        ]
+    return ["cfr", "--game", "leduc_poker", "--iterations", str(steps), "--eval-every", "50"]
+
+
+def _final(app: str, folder: Path) -> Any:
+    """The trained model: sgd's parameters, cfr's average policy."""
+    if app == "sgd":
+        return np.load(folder / "out.npy")
+    return json.loads((folder / "policy.json").read_text())["players"]
+
+
+class _Markers(threading.Thread):
+    """When each version's first commit marker appeared under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(daemon=True)
+        self.root, self.seen, self.stop = root, {}, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            now = time.monotonic()
+            with contextlib.suppress(OSError):
+                for marker in (self.root / "commits").glob("*/v*.committed"):
+                    self.seen.setdefault(int(marker.name[1:].split(".")[0]), now)
+            time.sleep(_POLL)
+
+
+def _launch(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    run = subprocess.run(
+        [sys.executable, "-m", "hpcpar", "launch", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
+    return run
+
+
+def _one(app: str, failure: str, way: str, args: argparse.Namespace, work: Path) -> dict:
+    """One killed run and its recovery: seconds from the kill to the next step, phases."""
+    from ..launcher import detached_env
+    from ..layout import node_assignment
+
+    folder = Path(tempfile.mkdtemp(prefix=f"{app}-{failure}-{way}-", dir=work))
+    ck = folder / "ck"
+    node_of = node_assignment(args.layout, args.ranks)
+    last = max(node_of)
+    target = f"node={last}" if failure == "node" else "rank=1"
+    fault = f"kill=after-commit,step={args.kill_step},{target}"
+    levels = "memory,local,partner" if way == "restart" else "memory,hdf5"
+    out = folder / ("out.json")
+    command = _app_command(app, out, args.kill_step * 4)
+    command += ["--checkpoint", str(ck), "--checkpoint-every", "1"]
+    command += ["--checkpoint-levels", levels]
+    if app == "cfr":
+        command += ["--out", str(out), "--policy", str(folder / "policy.json")]
+    env = detached_env(HPCPAR_PLOTS="0", HPCPAR_CHECKPOINT_FAULT=fault)
+    layout = ["-n", str(args.ranks), "--layout", args.layout, "--timeout", "600"]
+    report = folder / "restarts.json"
+    watch = _Markers(ck)
+    watch.start()
+    try:
+        if way == "restart":
+            run = _launch(
+                [*layout, "--restarts", "1", "--restart-report", str(report), "--", *command], env
+            )
+        else:
+            first = _launch([*layout, "--", *command], env)
+            if first.returncode == 0:
+                raise UsageError(f"bench recovery: the {failure} fault did not end the job")
+            if failure == "node":  # the user starts again on the nodes that are left
+                kept = [n for n in node_of if n != last]
+                sizes = [kept.count(n) for n in sorted(set(kept))]
+                layout = ["-n", str(len(kept)), "--layout", f"nodes:{','.join(map(str, sizes))}"]
+                layout += ["--timeout", "600"]
+            shutil.rmtree(ck / "nodes", ignore_errors=True)  # a new allocation's nodes
+            run = _launch([*layout, "--", *command], {**env, "HPCPAR_CHECKPOINT_FAULT": ""})
+    finally:
+        watch.stop.set()
+        watch.join()
+    if run.returncode != 0:
+        raise UsageError(f"bench recovery: {app} {failure} {way} failed:\n{run.stderr[-2000:]}")
+    kill, after = args.kill_step, args.kill_step + 1
+    if kill not in watch.seen or after not in watch.seen:
+        raise UsageError(f"bench recovery: no commit of step {kill} and {after} was seen")
+    phases = {}
+    if report.exists():
+        said = json.loads(report.read_text())["recoveries"]
+        phases = {k: said[0][k] for k in ("teardown", "start", "down")} if said else {}
+    return {"seconds": watch.seen[after] - watch.seen[kill], "phases": phases, "folder": folder}
+
+
+def _reference(app: str, args: argparse.Namespace, work: Path) -> Any:
+    from ..launcher import detached_env
+
+    folder = Path(tempfile.mkdtemp(prefix=f"{app}-plain-", dir=work))
+    command = _app_command(app, folder / "out.json", args.kill_step * 4)
+    if app == "cfr":
+        command += ["--out", str(folder / "out.json"), "--policy", str(folder / "policy.json")]
+    layout = ["-n", str(args.ranks), "--layout", args.layout, "--timeout", "600"]
+    run = _launch([*layout, "--", *command], detached_env(HPCPAR_PLOTS="0"))
+    if run.returncode != 0:
+        raise UsageError(f"bench recovery: the uninterrupted {app} run failed:\n{run.stderr}")
+    return _final(app, folder)
+
+
+def _same(app: str, a: Any, b: Any) -> bool:
+    """Bitwise: sgd's model, cfr's average policy (both resume bitwise at any count)."""
+    return bool(np.array_equal(a, b)) if app == "sgd" else a == b
+
+
+def fmt(value: float | None) -> str:
+    """A figure in six characters, ``-`` for none."""
+    return "     -" if value is None else f"{value:6.2f}"
+
+
+def _run(comm: Any, args: argparse.Namespace) -> list[Measurement]:
+    if comm.Get_size() != 1:
+        raise UsageError("bench recovery: start it as one process; it launches the jobs")
+    apps = [a.strip() for a in args.apps.split(",") if a.strip()]
+    failures = [f.strip() for f in args.failures.split(",") if f.strip()]
+    if not apps or set(apps) - {"sgd", "cfr"}:
+        raise UsageError(f"bench recovery: --apps takes sgd, cfr, not {args.apps!r}")
+    if not failures or set(failures) - {"process", "node"}:
+        raise UsageError(f"bench recovery: --failures takes process, node, not {args.failures!r}")
+    args.layout = args.layout or "ppn:2"
+    from ..layout import node_assignment
+
+    if max(node_assignment(args.layout, args.ranks)) < 1 and "node" in failures:
+        raise UsageError("bench recovery: a node loss needs a --layout of 2 or more nodes")
+    ways = ["restart"] if args.no_hand else ["restart", "by-hand"]
+    rows: list[Measurement] = []
+    print(
+        f"# bench recovery: {args.ranks} ranks, layout {args.layout}, killed after step "
+        f"{args.kill_step}, {args.repeats} repeat(s); seconds from the kill to the next step"
+    )
+    print(
+        f"{'app':5s} {'lost':8s} {'way':8s} {'median':>7s} {'min':>6s} {'max':>6s} "
+        f"{'vs':>6s}  {'teardown':>8s} {'start':>6s} {'down':>6s}  same"
+    )
+    with tempfile.TemporaryDirectory(prefix="hpcpar-bench-recovery-") as tmp:
+        work = Path(tmp)
+        for app in apps:
+            want = _reference(app, args, work)
+            for failure in failures:
+                medians: dict[str, float] = {}
+                for way in ways:
+                    runs = [_one(app, failure, way, args, work) for _ in range(args.repeats)]
+                    times = [r["seconds"] for r in runs]
+                    ok = all(_same(app, _final(app, r["folder"]), want) for r in runs)
+                    med = statistics.median(times)
+                    medians[way] = med
+                    phase = {
+                        k: statistics.median(r["phases"][k] for r in runs)
+                        if runs[0]["phases"]
+                        else None
+                        for k in ("teardown", "start", "down")
+                    }
+                    vs = None if way == "restart" else med / medians["restart"]
+                    spread = 100.0 * (max(times) - min(times)) / med if med else 0.0
+                    rows.append(
+                        Measurement(
+                            0,
+                            f"{app}-{failure}-{way}",
+                            med * 1e6,
+                            min(times) * 1e6,
+                            max(times) * 1e6,
+                            1,
+                            len(times),
+                            spread,
+                            None,
+                            None,
+                            vs,
+                            ok,
+                        )
+                    )
+                    print(
+                        f"{app:5s} {failure:8s} {way:8s} {med:7.2f} {min(times):6.2f} "
+                        f"{max(times):6.2f} {fmt(vs)}  {fmt(phase['teardown']):>8s} "
+                        f"{fmt(phase['start'])} {fmt(phase['down'])}  {'yes' if ok else 'NO'}",
+                        flush=True,
+                    )
+    return rows
+
+
+register(
+    Benchmark(
+        "recovery",
+        "from a killed rank or node to the next completed step: launch --restarts vs a "
+        "restart by hand from HDF5",
+        _add_arguments,
+        _run,
+        peer="by-hand",
+    )
+)
