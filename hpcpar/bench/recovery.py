@@ -15,7 +15,9 @@ same kind of run:
 
 The figure is the time from the kill (the commit marker of the killed step appearing)
 to the first step completed after it (the next marker), polled every millisecond, and
-the restart's phases from ``--restart-report``. Every run's final model is checked
+the restart's phases from ``--restart-report``: teardown (the rest of the job ending),
+start (new processes until Python and MPI are up), down (the failure to every new rank
+up), and the rest (restore, reshard and one step). Every run's final model is checked
 bitwise against an uninterrupted run's (sgd's parameters with ``--reproducible
 --full-data``, cfr's average policy).
 """
@@ -40,7 +42,7 @@ import numpy as np
 from ..cli.common import integer
 from ..errors import UsageError
 from ..plugins import Benchmark, register
-from .harness import Measurement
+from .harness import Measurement, quartile_spread
 
 __all__: list[str] = []
 
@@ -165,6 +167,19 @@ def _one(app: str, failure: str, way: str, args: argparse.Namespace, work: Path)
     return {"seconds": watch.seen[after] - watch.seen[kill], "phases": phases, "folder": folder}
 
 
+def _phases(runs: list[dict]) -> dict[str, float | None]:
+    """Median teardown, start and down of the restarts, and the rest: restore and a step.
+
+    The launcher's times and the markers' are both ``time.monotonic`` on this host.
+    """
+    if not all(r["phases"] for r in runs):
+        return dict.fromkeys(("teardown", "start", "down", "rest"))
+    out = {k: statistics.median(r["phases"][k] for r in runs) for k in ("teardown", "start")}
+    out["down"] = statistics.median(r["phases"]["down"] for r in runs)
+    out["rest"] = statistics.median(r["seconds"] - r["phases"]["down"] for r in runs)
+    return out
+
+
 def _reference(app: str, args: argparse.Namespace, work: Path) -> Any:
     from ..launcher import detached_env
 
@@ -210,8 +225,9 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Measurement]:
         f"{args.kill_step}, {args.repeats} repeat(s); seconds from the kill to the next step"
     )
     print(
-        f"{'app':5s} {'lost':8s} {'way':8s} {'median':>7s} {'min':>6s} {'max':>6s} "
-        f"{'vs':>6s}  {'teardown':>8s} {'start':>6s} {'down':>6s}  same"
+        f"{'app':5s} {'lost':8s} {'way':8s} {'median':>7s} {'iqr%':>5s} {'min':>6s} "
+        f"{'max':>6s} {'vs':>6s}  {'teardown':>8s} {'start':>6s} {'down':>6s} {'rest':>6s}  "
+        "same"
     )
     with tempfile.TemporaryDirectory(prefix="hpcpar-bench-recovery-") as tmp:
         work = Path(tmp)
@@ -225,14 +241,9 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Measurement]:
                     ok = all(_same(app, _final(app, r["folder"]), want) for r in runs)
                     med = statistics.median(times)
                     medians[way] = med
-                    phase = {
-                        k: statistics.median(r["phases"][k] for r in runs)
-                        if runs[0]["phases"]
-                        else None
-                        for k in ("teardown", "start", "down")
-                    }
+                    phase = _phases(runs)
                     vs = None if way == "restart" else med / medians["restart"]
-                    spread = 100.0 * (max(times) - min(times)) / med if med else 0.0
+                    spread = quartile_spread(times)
                     rows.append(
                         Measurement(
                             0,
@@ -250,9 +261,11 @@ def _run(comm: Any, args: argparse.Namespace) -> list[Measurement]:
                         )
                     )
                     print(
-                        f"{app:5s} {failure:8s} {way:8s} {med:7.2f} {min(times):6.2f} "
-                        f"{max(times):6.2f} {fmt(vs)}  {fmt(phase['teardown']):>8s} "
-                        f"{fmt(phase['start'])} {fmt(phase['down'])}  {'yes' if ok else 'NO'}",
+                        f"{app:5s} {failure:8s} {way:8s} {med:7.2f} {spread:5.0f} "
+                        f"{min(times):6.2f} {max(times):6.2f} {fmt(vs)}  "
+                        f"{fmt(phase['teardown']):>8s} "
+                        f"{fmt(phase['start'])} {fmt(phase['down'])} {fmt(phase['rest'])}  "
+                        f"{'yes' if ok else 'NO'}",
                         flush=True,
                     )
     return rows

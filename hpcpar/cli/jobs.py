@@ -66,18 +66,21 @@ _TEMPLATE = """\
 #SBATCH --cpus-per-task={cpus}
 #SBATCH --time={time}
 #SBATCH --output={output}
+#SBATCH --no-kill
 {partition}
 # ---- site placeholders: edit for your cluster (left commented out) ----------------
 # module load python/3.11                 # PLACEHOLDER: your site's Python / MPI modules
 # source /path/to/venv/bin/activate       # PLACEHOLDER: where hpcpar is installed
 # ------------------------------------------------------------------------------------
+# HPCPAR_RESTARTS=K: a failed step (a rank killed, a node lost: --no-kill keeps the
+# allocation) starts again up to K times and resumes from its checkpoint (docs/recovery.md)
 set -euo pipefail
 HPCPAR=${{HPCPAR:-hpcpar}}
 OUT=${{HPCPAR_RESULTS:-results}}
 mkdir -p "$OUT"
 {before}status=0
 "$HPCPAR" launch -n "$SLURM_NTASKS" --launcher "${{HPCPAR_LAUNCHER:-{launcher}}}" \\
-  -- {command} || status=$?
+  --restarts "${{HPCPAR_RESTARTS:-0}}" -- {command} || status=$?
 case $status in
   {ok}) echo "hpcpar {app}: finished (exit status $status)" ;;
   *) echo "hpcpar {app}: FAILED with exit status $status" >&2; exit "$status" ;;

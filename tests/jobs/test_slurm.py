@@ -105,12 +105,13 @@ def slurm(tmp_path_factory):
     cluster.stop()
 
 
-def _run_script(slurm, tmp_path, app, launcher="srun", script=None):
+def _run_script(slurm, tmp_path, app, launcher="srun", script=None, **extra):
     env = dict(
         slurm.env,
         HPCPAR=HPCPAR,
         HPCPAR_RESULTS=str(tmp_path / "the results"),
         HPCPAR_LAUNCHER=launcher,
+        **extra,
     )
     env.pop("HPCPAR_LAYOUT", None)
     script = script or ROOT / "jobs" / "slurm" / f"{app}.sbatch"
@@ -158,6 +159,22 @@ def test_each_apps_batch_script_runs_under_slurm(slurm, tmp_path, app, launcher)
     else:
         doc = json.loads((out / f"demo-{job}.json").read_text())
         assert doc["results"]["passed"] and len(doc["results"]["checks"]) > 5
+
+
+def test_a_batch_step_that_loses_a_rank_restarts_inside_the_allocation_and_finishes(
+    slurm, tmp_path
+):
+    """sgd.sbatch with HPCPAR_RESTARTS=1: rank 1 is killed after step 50 commits, srun
+    ends the step, hpcpar launch starts a second step in the same allocation and the
+    training resumes from step 50 to its end."""
+    fault = "kill=after-commit,step=50,rank=1"
+    res = _run_script(slurm, tmp_path, "sgd", HPCPAR_RESTARTS="1", HPCPAR_CHECKPOINT_FAULT=fault)
+    text = Path(res["log"]).read_text()
+    assert res["state"] == "COMPLETED" and res["exit_code"] == 0, text[-3000:]
+    assert "# resumed at step 50" in text and "after 1 restart(s)" in text, text[-3000:]
+    doc = json.loads((tmp_path / "the results" / f"sgd-{res['job']}.json").read_text())
+    assert doc["metadata"]["restart"] == 1 and doc["metadata"]["restart_failed"] == "1"
+    assert [r["epoch"] for r in doc["results"]["epochs"]] == [1, 2, 3, 4, 5]
 
 
 def test_a_horovod_script_runs_under_horovodrun_and_srun(slurm, tmp_path):
