@@ -37,9 +37,10 @@ def test_rendered_script_has_the_allocation_placeholders_and_the_app():
         assert line in text.splitlines()
     assert "PLACEHOLDER" in text and "# module load" in text  # commented out, marked
     assert '--launcher "${HPCPAR_LAUNCHER:-mpiexec}"' in text
-    assert "  -- cfr --game leduc_poker" in text
+    assert '  --restarts "${HPCPAR_RESTARTS:-0}" -- cfr --game leduc_poker' in text
+    assert "#SBATCH --no-kill" in text.splitlines()
     custom = render_sbatch("sat", 1, 2, app_args=["solve", "my file.cnf", "--timeout", "5"])
-    assert "  -- sat solve 'my file.cnf' --timeout 5 ||" in custom
+    assert " -- sat solve 'my file.cnf' --timeout 5 ||" in custom
     assert "sat generate" not in custom  # the default's preparation goes with the default
     assert "0|10)" in custom  # satisfiable (10) and unknown (0) are both successes
 
