@@ -57,6 +57,15 @@ def _run(_comm: Any, args: argparse.Namespace) -> int:
         f"# hpcpar trace {args.folder}: {len(ranks)} rank(s); times in seconds from the "
         f"first call, clocks aligned on rank {min(ranks)}'s"
     )
+    start = trace.start_of(args.folder)
+    if start["restart"]:
+        failed = start["restart_failed"] or "?"
+        print(f"restart {start['restart']} of the job, after rank(s) {failed} failed")
+    if start["resumed_from"]:
+        where = start["resumed_from"]
+        print(f"resumed from step {where['step']} ({', '.join(where['levels'])})")
+    if start["restarts"]:
+        print(f"started again: {', '.join(start['restarts'])} (hpcpar launch --restarts)")
     for rank, entries in ranks.items():
         print(f"rank {rank}: {len(entries)} entries (clock {offsets[rank] * 1e3:+.3f} ms)")
         for e in entries[len(entries) - args.last :] if args.last else []:

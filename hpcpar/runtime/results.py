@@ -27,10 +27,16 @@ __all__ = [
     "git_commit",
     "mpi_library",
     "note_resumed",
+    "resumed",
 ]
 
 # the version this process's program resumed from: {"step": N, "levels": [...]}
 _resumed: dict[str, Any] | None = None
+
+
+def resumed() -> dict[str, Any] | None:
+    """The checkpoint this run resumed from (``note_resumed``), or None."""
+    return _resumed
 
 
 def note_resumed(step: int, levels: Sequence[str]) -> None:

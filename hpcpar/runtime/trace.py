@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HpcparError
-from . import flight, settings
+from . import flight, results, settings
 from .exits import ENV as EXIT_ENV
 
 __all__ = [
     "ENV",
     "FORMAT",
     "TraceError",
+    "start_of",
     "arm",
     "dump",
     "load",
@@ -68,12 +69,40 @@ class TraceError(HpcparError):
 
 
 def arm(rank: int, size: int) -> None:
-    """Write this rank's record at exit if ``HPCPAR_TRACE`` names a folder (once)."""
+    """Write this rank's record at exit if ``HPCPAR_TRACE`` names a folder (once).
+
+    A job that ``hpcpar launch --restarts`` started again writes to ``restart<K>`` in
+    that folder, so the failed start's records stay as they were.
+    """
     folder = settings.value(ENV) or ""
     if not folder or _armed:
         return
-    _armed.update(folder=folder, rank=rank, size=size)
+    restart = settings.value("HPCPAR_RESTART") or 0
+    if restart:
+        folder = os.path.join(folder, f"restart{restart}")
+    _armed.update(folder=folder, rank=rank, size=size, restart=restart)
     atexit.register(dump)
+
+
+def start_of(folder: str | Path) -> dict[str, Any]:
+    """Which start of a job wrote ``folder``'s records, and what restarted it.
+
+    ``restart`` (0: the first start), ``restart_failed`` (the ranks whose failure ended
+    the start before), ``resumed_from`` (the checkpoint restored), and ``restarts``: the
+    folders of the later starts, if any. From the lowest rank's file.
+    """
+    where = Path(folder)
+    first = sorted(where.glob("rank*.json"), key=lambda p: int(p.stem[4:] or 0))[:1]
+    doc: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
+        doc = json.loads(first[0].read_text()) if first else {}
+    later = sorted(where.glob("restart[0-9]*"), key=lambda p: int(p.name[7:]))
+    return {
+        "restart": doc.get("restart", 0),
+        "restart_failed": doc.get("restart_failed"),
+        "resumed_from": doc.get("resumed_from"),
+        "restarts": [str(p) for p in later if p.is_dir()],
+    }
 
 
 def job_identity() -> str:
@@ -107,6 +136,9 @@ def dump(final: bool = False) -> Path | None:
         "job": job_identity(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "restart": _armed.get("restart", 0),
+        "restart_failed": settings.value("HPCPAR_RESTART_FAILED"),
+        "resumed_from": results.resumed(),
         "entries": flight.snapshot(),
     }
     path = folder / f"rank{_armed['rank']}.json"

@@ -103,7 +103,8 @@ def test_a_killed_rank_and_a_second_failure_during_recovery_resume_bitwise(tmp_p
     report = tmp_path / "report.json"
     restarts = ["--restarts", "2", "--restart-report", str(report)]
     job += [str(tmp_path / "ck"), *args, str(tmp_path / "out.npy")]
-    run = _launch("-n", "3", *restarts, "--", *job, env=clean_env(HPCPAR_CHECKPOINT_FAULT=faults))
+    traced = clean_env(HPCPAR_CHECKPOINT_FAULT=faults, HPCPAR_TRACE=str(tmp_path / "trace"))
+    run = _launch("-n", "3", *restarts, "--", *job, env=traced)
     assert run.returncode == 0, run.stderr
     assert np.array_equal(np.load(tmp_path / "p.npy"), np.load(tmp_path / "out.npy"))
     starts = [line for line in run.stdout.splitlines() if line.startswith(("fresh", "resumed"))]
@@ -118,6 +119,13 @@ def test_a_killed_rank_and_a_second_failure_during_recovery_resume_bitwise(tmp_p
     assert "restart 1 of 2 (rank(s) 1 failed, status 3)" in run.stderr
     assert "restart 2 of 2 in 1 s (rank(s) 2 failed, status 3)" in run.stderr
     assert "the job ended with status 0 after 2 restart(s)" in run.stderr
+    # the last start's flight records say which start they are and what it resumed from
+    from launching import hpcpar as run_hpcpar
+
+    shown = run_hpcpar("trace", str(tmp_path / "trace" / "restart2"))
+    assert shown.returncode == 0, shown.stderr
+    assert "restart 2 of the job, after rank(s) 2 failed" in shown.stdout
+    assert "resumed from step 5 (local)" in shown.stdout
 
 
 @pytest.mark.slow
