@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcpar.cli.common import (
-    add_checkpoint_levels_argument,
+    add_checkpoint_arguments,
     add_layout_argument,
     integer,
     output_path,
@@ -55,7 +55,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--eval-every", type=integer(1), default=10, metavar="K", help="exploitability every K (10)"
     )
     parser.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (resumes)")
-    add_checkpoint_levels_argument(parser)
+    add_checkpoint_arguments(parser)
     parser.add_argument(
         "--checkpoint-every",
         type=integer(0),
@@ -126,7 +126,12 @@ def _run(comm: Any, args: argparse.Namespace) -> int:
     if args.checkpoint:
         from hpcpar.checkpoint import Checkpointer
 
-        ck = Checkpointer(args.checkpoint, comm=h, levels=args.checkpoint_levels)
+        ck = Checkpointer(
+            args.checkpoint,
+            comm=h,
+            levels=args.checkpoint_levels,
+            local_dir=args.checkpoint_local,
+        )
         if ck.versions():
             _, state = ck.restore(reshard=solver.blocks())  # saved on any number of ranks
             solver.load_state(state)

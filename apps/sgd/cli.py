@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcpar.cli.common import (
-    add_checkpoint_levels_argument,
+    add_checkpoint_arguments,
     add_layout_argument,
     integer,
     output_path,
@@ -99,7 +99,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reproducible", action="store_true", help="bitwise reductions")
     parser.add_argument("--seed", type=integer(0), default=0)
     parser.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (resumes)")
-    add_checkpoint_levels_argument(parser)
+    add_checkpoint_arguments(parser)
     parser.add_argument(
         "--checkpoint-every",
         type=integer(0),
@@ -307,7 +307,12 @@ def _resume(
     import numpy as np
     from hpcpar.checkpoint import Checkpointer, Replicated, Sharded
 
-    ck = Checkpointer(args.checkpoint, comm=h, levels=args.checkpoint_levels)
+    ck = Checkpointer(
+        args.checkpoint,
+        comm=h,
+        levels=args.checkpoint_levels,
+        local_dir=args.checkpoint_local,
+    )
     if not ck.versions():
         return ck, 0, 0, 0, []
     _, state = ck.restore()

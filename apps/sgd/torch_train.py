@@ -393,7 +393,12 @@ def _resume(args: argparse.Namespace, h: Any, model: Any, opt: Any) -> tuple[Any
     import torch
     from hpcpar.checkpoint import Checkpointer
 
-    ck = Checkpointer(args.checkpoint, comm=h, levels=args.checkpoint_levels)
+    ck = Checkpointer(
+        args.checkpoint,
+        comm=h,
+        levels=args.checkpoint_levels,
+        local_dir=args.checkpoint_local,
+    )
     if not ck.versions():
         return ck, 0, []
     from .torch import ZeroOptimizer

@@ -7,8 +7,8 @@ and kills one rank (``process``) or every rank of the last node with its local s
 same kind of run:
 
 - ``restart``: ``hpcpar launch --restarts 1`` starts the job again at once (on the
-  surviving nodes' ranks after a node loss); it restores from the node-local level, and
-  the lost node's shards from their partner copies.
+  surviving nodes' ranks after a node loss); it restores from the node-local level (on
+  ``/dev/shm`` where there is one), and the lost node's shards from their partner copies.
 - ``by-hand``: the peer, what a user does today: the job ends, and the same command is
   started again at once (no queue wait counted, in the peer's favour) from the HDF5
   level on the shared file system, the only level that job writes besides memory.
@@ -113,6 +113,23 @@ def _launch(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
     return run
 
 
+def _job(app: str, way: str, folder: Path, args: argparse.Namespace) -> tuple[list, Path | None]:
+    """The app's command line with its checkpoints for ``way``, and its /dev/shm folder."""
+    levels = "memory,local,partner" if way == "restart" else "memory,hdf5"
+    shm = Path("/dev/shm")  # tmpfs: node-local copies in memory that outlive a process
+    out = folder / "out.json"
+    command = _app_command(app, out, args.kill_step * 4)
+    command += ["--checkpoint", str(folder / "ck"), "--checkpoint-every", "1"]
+    command += ["--checkpoint-levels", levels]
+    local = None
+    if way == "restart" and shm.is_dir():
+        local = Path(tempfile.mkdtemp(prefix="hpcpar-bench-recovery-", dir=shm))
+        command += ["--checkpoint-local", str(local)]
+    if app == "cfr":
+        command += ["--out", str(out), "--policy", str(folder / "policy.json")]
+    return command, local
+
+
 def _one(app: str, failure: str, way: str, args: argparse.Namespace, work: Path) -> dict:
     """One killed run and its recovery: seconds from the kill to the next step, phases."""
     from ..launcher import detached_env
@@ -124,13 +141,7 @@ def _one(app: str, failure: str, way: str, args: argparse.Namespace, work: Path)
     last = max(node_of)
     target = f"node={last}" if failure == "node" else "rank=1"
     fault = f"kill=after-commit,step={args.kill_step},{target}"
-    levels = "memory,local,partner" if way == "restart" else "memory,hdf5"
-    out = folder / ("out.json")
-    command = _app_command(app, out, args.kill_step * 4)
-    command += ["--checkpoint", str(ck), "--checkpoint-every", "1"]
-    command += ["--checkpoint-levels", levels]
-    if app == "cfr":
-        command += ["--out", str(out), "--policy", str(folder / "policy.json")]
+    command, local = _job(app, way, folder, args)
     env = detached_env(HPCPAR_PLOTS="0", HPCPAR_CHECKPOINT_FAULT=fault)
     layout = ["-n", str(args.ranks), "--layout", args.layout, "--timeout", "600"]
     report = folder / "restarts.json"
@@ -138,9 +149,8 @@ def _one(app: str, failure: str, way: str, args: argparse.Namespace, work: Path)
     watch.start()
     try:
         if way == "restart":
-            run = _launch(
-                [*layout, "--restarts", "1", "--restart-report", str(report), "--", *command], env
-            )
+            restart = ["--restarts", "1", "--restart-report", str(report)]
+            run = _launch([*layout, *restart, "--", *command], env)
         else:
             first = _launch([*layout, "--", *command], env)
             if first.returncode == 0:
@@ -155,6 +165,8 @@ def _one(app: str, failure: str, way: str, args: argparse.Namespace, work: Path)
     finally:
         watch.stop.set()
         watch.join()
+        if local is not None:
+            shutil.rmtree(local, ignore_errors=True)
     if run.returncode != 0:
         raise UsageError(f"bench recovery: {app} {failure} {way} failed:\n{run.stderr[-2000:]}")
     kill, after = args.kill_step, args.kill_step + 1

@@ -104,8 +104,8 @@ def checkpoint_levels(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_checkpoint_levels_argument(parser: argparse.ArgumentParser) -> None:
-    """Add ``--checkpoint-levels`` (the apps' ``Checkpointer`` levels)."""
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--checkpoint-levels`` and ``--checkpoint-local`` (the apps' ``Checkpointer``)."""
     parser.add_argument(
         "--checkpoint-levels",
         type=checkpoint_levels,
@@ -113,6 +113,13 @@ def add_checkpoint_levels_argument(parser: argparse.ArgumentParser) -> None:
         metavar="LEVELS",
         help="checkpoint levels, comma-separated: memory, local, partner, xor, hdf5 "
         "(default: memory,local; partner or xor survive the loss of a node)",
+    )
+    parser.add_argument(
+        "--checkpoint-local",
+        default=None,
+        metavar="DIR",
+        help="node-local storage of the local, partner and xor levels, e.g. /dev/shm/ck "
+        "(survives a killed process; default: the checkpoint directory's nodes/)",
     )
 
 
