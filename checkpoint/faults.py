@@ -11,6 +11,8 @@ comma-separated list of ``key=value``:
 - ``node=N`` (instead of ``rank``): every rank of node N dies at PHASE, and the node's
   local storage (``local_dir/node<N>``) goes with it, as when a node is lost; the
   launcher is told (``hpcpar launch --restarts`` then restarts without that node).
+- ``after=S``: only once S seconds have passed since the ``Checkpointer`` was created
+  (failures at a rate: one fault per start, each with its own ``restart=K``).
 - ``step=N`` (default: any step), ``rank=R`` (default 0), ``level=NAME`` (kill only at
   that level; default: the first level written), ``restart=K`` (only in the job's K-th
   restart under ``hpcpar launch --restarts``, ``HPCPAR_RESTART``; default 0, the first
@@ -25,6 +27,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +60,11 @@ class Fault:
         level: str | None = None,
         restart: int = 0,
         node: int | None = None,
+        after: float = 0.0,
     ) -> None:
         self.kill, self.enospc, self.step, self.rank, self.level = kill, enospc, step, rank, level
-        self.restart, self.node = restart, node
+        self.restart, self.node, self.after = restart, node, after
+        self._born = time.monotonic()
         self.also: list[Fault] = []  # more faults of the same setting (``;``)
         self._my_node: int | None = None  # this rank's node and its local storage (bind)
         self._node_dir: Path | None = None
@@ -85,7 +90,8 @@ class Fault:
 
         this = settings.value("HPCPAR_RESTART") or 0
         mine = self._my_node == self.node if self.node is not None else rank == self.rank
-        return mine and self.step in (None, step) and this == self.restart
+        due = not self.after or time.monotonic() - self._born >= self.after
+        return mine and self.step in (None, step) and this == self.restart and due
 
     def point(self, phase: str, step: int, rank: int, level: str | None = None) -> None:
         """Die here if this is the phase to kill at (of this fault or one of ``also``)."""
@@ -120,25 +126,39 @@ def parse_fault(text: str | None) -> Fault | None:
     return first
 
 
+_KEYS = ("kill", "enospc", "step", "rank", "level", "restart", "node", "after")
+_WHOLE = ("step", "rank", "restart", "node")
+
+
+def _value(key: str, value: str) -> Any:
+    """One entry's value: a whole number, seconds (``after``), or the text."""
+    if key == "after":
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not 0 <= seconds < float("inf"):
+            raise CheckpointError("HPCPAR_CHECKPOINT_FAULT: after must be seconds >= 0")
+        return seconds
+    if key in _WHOLE:
+        try:
+            return int(value)
+        except ValueError:
+            raise CheckpointError(f"HPCPAR_CHECKPOINT_FAULT: {key} must be an integer") from None
+    return value
+
+
 def _one_fault(text: str) -> Fault:
     fields: dict[str, Any] = {}
     for item in text.split(","):
         key, sep, value = item.strip().partition("=")
-        if not sep or key not in ("kill", "enospc", "step", "rank", "level", "restart", "node"):
+        if not sep or key not in _KEYS:
             raise CheckpointError(
                 f"HPCPAR_CHECKPOINT_FAULT: bad entry {item!r} "
                 "(use kill=PHASE or enospc=LEVEL, with step=N, rank=R or node=N, level=NAME, "
-                "restart=K)"
+                "restart=K, after=S)"
             )
-        if key in ("step", "rank", "restart", "node"):
-            try:
-                fields[key] = int(value)
-            except ValueError:
-                raise CheckpointError(
-                    f"HPCPAR_CHECKPOINT_FAULT: {key} must be an integer"
-                ) from None
-        else:
-            fields[key] = value
+        fields[key] = _value(key, value)
     if fields.get("kill") not in (None, *PHASES):
         raise CheckpointError(
             f"HPCPAR_CHECKPOINT_FAULT: unknown phase {fields['kill']!r}; one of {', '.join(PHASES)}"
@@ -155,7 +175,7 @@ def _one_fault(text: str) -> Fault:
         )
     if "node" in fields and "rank" in fields:
         raise CheckpointError("HPCPAR_CHECKPOINT_FAULT: give rank=R or node=N, not both")
-    for key in ("step", "rank", "restart", "node"):
+    for key in _WHOLE:
         if fields.get(key, 0) < 0:
             raise CheckpointError(f"HPCPAR_CHECKPOINT_FAULT: {key} must be >= 0")
     return Fault(**fields)

@@ -20,6 +20,12 @@ start (new processes until Python and MPI are up), down (the failure to every ne
 up), and the rest (restore, reshard and one step). Every run's final model is checked
 bitwise against an uninterrupted run's (sgd's parameters with ``--reproducible
 --full-data``, cfr's average policy).
+
+``--efficiency S`` measures the useful-work efficiency instead: sgd trained for about S
+seconds without failures (and without checkpoints), then the same training with
+per-step checkpoints and rank 1 killed every ``--every`` seconds of each start under
+``hpcpar launch --restarts``; the efficiency is the first time over the second, and the
+two models must be bitwise the same.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cli.common import integer
+from ..cli.common import integer, real
 from ..errors import UsageError
 from ..plugins import Benchmark, register
 from .harness import Measurement, quartile_spread
@@ -66,6 +72,22 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kill-step", type=integer(1), default=6, metavar="S", help="killed after step S (6)"
     )
     parser.add_argument("--no-hand", action="store_true", help="skip the by-hand peer")
+    parser.add_argument(
+        "--efficiency",
+        type=real(1, 86400),
+        default=None,
+        metavar="S",
+        help="instead: sgd trained for about S seconds without failures, then with one "
+        "rank killed every --every seconds under launch --restarts; reports the useful-work "
+        "efficiency (the failure-free time over the time with failures)",
+    )
+    parser.add_argument(
+        "--every",
+        type=real(0.5, 86400),
+        default=60.0,
+        metavar="S",
+        help="with --efficiency: seconds a start runs before its rank is killed (default 60)",
+    )
 
 
 def _app_command(app: str, out: Path, steps: int) -> list[str]:
@@ -216,9 +238,88 @@ def fmt(value: float | None) -> str:
     return "     -" if value is None else f"{value:6.2f}"
 
 
+def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, Any]:
+    start = time.monotonic()
+    run = _launch(argv, env)
+    if run.returncode != 0:
+        raise UsageError(f"bench recovery: {' '.join(argv[-12:])} failed:\n{run.stderr[-2000:]}")
+    return time.monotonic() - start, run
+
+
+def _efficiency(args: argparse.Namespace, work: Path) -> list[Measurement]:
+    """Train sgd for about ``args.efficiency`` s failure-free, then killed every ``every`` s."""
+    from ..launcher import detached_env
+
+    layout = ["-n", str(args.ranks), "--layout", args.layout or "ppn:2"]
+    env = detached_env(HPCPAR_PLOTS="0")
+    probe = work / "probe"
+    probe.mkdir()
+    seconds, _ = _timed([*layout, "--", *_app_command("sgd", probe / "out.json", 0)], env)
+    epochs = max(2, round(args.efficiency / (seconds / 2)))  # the probe trains 2 epochs
+    command = _app_command("sgd", work / "plain" / "out.json", 0)
+    command[command.index("--epochs") + 1] = str(epochs)
+    free, _ = _timed([*layout, "--", *command], env)
+    kills = int(free * 1.5 / args.every) + 2
+    faults = ";".join(
+        f"kill=after-commit,rank=1,after={args.every:g},restart={k}" for k in range(kills)
+    )
+    failing = _app_command("sgd", work / "failing" / "out.json", 0)
+    failing[failing.index("--epochs") + 1] = str(epochs)
+    failing += ["--checkpoint", str(work / "failing" / "ck"), "--checkpoint-every", "1"]
+    shm = Path("/dev/shm")
+    local = tempfile.mkdtemp(prefix="hpcpar-bench-recovery-", dir=shm if shm.is_dir() else work)
+    failing += ["--checkpoint-local", local]
+    report = work / "restarts.json"
+    restarts = ["--restarts", str(kills), "--restart-report", str(report)]
+    try:
+        slow, _ = _timed(
+            [*layout, *restarts, "--", *failing], {**env, "HPCPAR_CHECKPOINT_FAULT": faults}
+        )
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+    n = len(json.loads(report.read_text())["recoveries"])
+    ok = _same("sgd", np.load(work / "plain" / "out.npy"), np.load(work / "failing" / "out.npy"))
+    print(
+        f"# bench recovery --efficiency: sgd, {args.ranks} ranks, layout {args.layout}, "
+        f"{epochs} epochs\nfailure-free {free:.1f} s; with a rank killed every "
+        f"{args.every:g} s of a start: {n} failures, {slow:.1f} s; useful-work efficiency "
+        f"{free / slow:.3f}; model {'bitwise the same' if ok else 'DIFFERS'}",
+        flush=True,
+    )
+    once = {"repeats": 1, "spread_pct": 0.0, "algbw_gbs": None, "busbw_gbs": None}
+    peer = Measurement(
+        0,
+        "sgd-failure-free",
+        free * 1e6,
+        free * 1e6,
+        free * 1e6,
+        0,
+        **once,
+        vs_peer=None,
+        valid=True,
+    )
+    return [
+        peer,
+        Measurement(
+            0,
+            "sgd-failing",
+            slow * 1e6,
+            slow * 1e6,
+            slow * 1e6,
+            n,
+            **once,
+            vs_peer=free / slow,
+            valid=ok,
+        ),
+    ]
+
+
 def _run(comm: Any, args: argparse.Namespace) -> list[Measurement]:
     if comm.Get_size() != 1:
         raise UsageError("bench recovery: start it as one process; it launches the jobs")
+    if args.efficiency is not None:
+        with tempfile.TemporaryDirectory(prefix="hpcpar-bench-recovery-") as tmp:
+            return _efficiency(args, Path(tmp))
     apps = [a.strip() for a in args.apps.split(",") if a.strip()]
     failures = [f.strip() for f in args.failures.split(",") if f.strip()]
     if not apps or set(apps) - {"sgd", "cfr"}:

@@ -7,11 +7,14 @@ sin(x), through hpcpar.allreduce (reproducible, so the bits do not depend on
 the algorithm chosen). Every step is saved (without waiting: the next save
 drains the previous flush). On start the newest recoverable version is restored;
 rank 0 prints ``resumed STEP LEVELS`` (or ``fresh``) and at the end writes every rank's
-final x to OUT (a .npy file).
+final x to OUT (a .npy file). ``CKPT_JOB_DIE=STEP`` kills rank 1 between saves, in the
+computation of STEP, in the job's first start (``HPCPAR_RESTART`` unset or 0).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import numpy as np
@@ -43,7 +46,11 @@ def main() -> None:
             start, x = 0, initial(rank)
             if rank == 0:
                 print("fresh", flush=True)
+        die = int(os.environ.get("CKPT_JOB_DIE", "0"))
+        first = os.environ.get("HPCPAR_RESTART", "0") == "0"
         for step in range(start + 1, int(steps) + 1):
+            if step == die and first and rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
             x = 0.5 * x + hpcpar.allreduce(np.sin(x), comm=comm, reproducible=True) / size
             ck.save(step, {"x": x, "step": step})
     everyone = comm.gather(x, root=0)

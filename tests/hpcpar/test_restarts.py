@@ -70,6 +70,9 @@ def test_several_faults_and_the_start_each_fires_in(monkeypatch):
 
     with pytest.raises(CheckpointError, match="restart must be an integer"):
         parse_fault("kill=write,restart=x")
+    with pytest.raises(CheckpointError, match="after must be seconds >= 0"):
+        parse_fault("kill=write,after=-1")
+    assert parse_fault("kill=write,after=0.5").after == 0.5
     with pytest.raises(CheckpointError, match="give rank=R or node=N, not both"):
         parse_fault("kill=write,rank=1,node=0")
     node = parse_fault("kill=snapshot,node=1")
@@ -126,6 +129,38 @@ def test_a_killed_rank_and_a_second_failure_during_recovery_resume_bitwise(tmp_p
     assert shown.returncode == 0, shown.stderr
     assert "restart 2 of the job, after rank(s) 2 failed" in shown.stdout
     assert "resumed from step 5 (local)" in shown.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+    ("fault", "resumed"),
+    [
+        ("kill=snapshot,step=3,rank=1", (2,)),
+        ("kill=before-commit,step=3,rank=0", (2,)),
+        ("between saves", (2, 3)),  # step 3's flush runs beside step 4: committed or not
+    ],
+)
+def test_a_rank_killed_before_a_save_commits_or_between_saves_resumes_bitwise(
+    tmp_path, fault, resumed
+):
+    """Two ranks on two virtual nodes, killed before step 3 is committed (snapshot,
+    before the commit marker) or in the computation of step 4: the restart resumes from
+    the last committed step and ends with the bits of a run without failures."""
+    from launching import clean_env
+
+    job = [sys.executable, str(HELPERS / "ckpt_job.py")]
+    args = ["6", "memory,local", "ppn:1"]
+    plain = _launch("-n", "2", "--", *job, str(tmp_path / "plain"), *args, str(tmp_path / "p.npy"))
+    assert plain.returncode == 0, plain.stderr
+    env = clean_env(CKPT_JOB_DIE="4") if fault == "between saves" else None
+    env = env or clean_env(HPCPAR_CHECKPOINT_FAULT=fault)
+    job += [str(tmp_path / "ck"), *args, str(tmp_path / "out.npy")]
+    run = _launch("-n", "2", "--restarts", "1", "--", *job, env=env)
+    assert run.returncode == 0, run.stderr
+    starts = [line for line in run.stdout.splitlines() if line.startswith(("fresh", "resumed"))]
+    assert starts[0] == "fresh" and starts[1] in {f"resumed {s} local,local" for s in resumed}
+    assert np.array_equal(np.load(tmp_path / "p.npy"), np.load(tmp_path / "out.npy"))
 
 
 @pytest.mark.slow
