@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcpar.runtime import flight, results, settings
+from hpcpar.runtime import flight, resume, settings
 
 from .directory import Directory
 from .faults import Fault, parse_fault
@@ -207,7 +207,7 @@ class Checkpointer:
             found, state = self._loader.restore(step, reshard, per_rank, self.committed())
         finally:
             flight.leave(entry)
-        results.note_resumed(found, self.restored_from)
+        resume.note_resumed(found, self.restored_from)
         return found, state
 
     def suggest_interval(self, mtbf_s: float, level: str | None = None) -> float:

@@ -17,6 +17,7 @@ from typing import Any
 from .._version import __version__
 from ..errors import HpcparError
 from . import settings
+from .resume import this_start
 
 __all__ = [
     "run_metadata",
@@ -26,23 +27,7 @@ __all__ = [
     "ResultsError",
     "git_commit",
     "mpi_library",
-    "note_resumed",
-    "resumed",
 ]
-
-# the version this process's program resumed from: {"step": N, "levels": [...]}
-_resumed: dict[str, Any] | None = None
-
-
-def resumed() -> dict[str, Any] | None:
-    """The checkpoint this run resumed from (``note_resumed``), or None."""
-    return _resumed
-
-
-def note_resumed(step: int, levels: Sequence[str]) -> None:
-    """Record the checkpoint this run resumed from (``Checkpointer.restore`` calls it)."""
-    global _resumed
-    _resumed = {"step": int(step), "levels": sorted(set(levels))}
 
 
 def git_commit(path: str | os.PathLike[str] | None = None) -> str | None:
@@ -105,9 +90,7 @@ def run_metadata(
         "host": platform.node(),
         "python": sys.version.split()[0],
         "utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "restart": settings.value("HPCPAR_RESTART"),
-        "restart_failed": settings.value("HPCPAR_RESTART_FAILED"),
-        "resumed_from": _resumed,
+        **this_start(),
     }
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HpcparError
-from . import flight, results, settings
+from . import flight, resume, settings
 from .exits import ENV as EXIT_ENV
 
 __all__ = [
@@ -136,9 +136,7 @@ def dump(final: bool = False) -> Path | None:
         "job": job_identity(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "restart": _armed.get("restart", 0),
-        "restart_failed": settings.value("HPCPAR_RESTART_FAILED"),
-        "resumed_from": results.resumed(),
+        **resume.this_start(),
         "entries": flight.snapshot(),
     }
     path = folder / f"rank{_armed['rank']}.json"
