@@ -288,9 +288,10 @@ def ensure_slurm() -> None:
 def test(pytest_args: list[str], quick: bool = False) -> None:
     """Lint, then run every test (MPI tests at one rank), then the MPI tests at 2, 3, 4 ranks.
 
-    Tests run ``WORKERS`` at a time, the whole-job ones (marked ``slow``) and the Slurm
-    ones (in one worker) among the others; then, one at a time, those marked ``alone``
-    (machine-wide state such as the virtual cluster, or timing across namespaces). ``quick``: only the tests not marked ``slow``, and the MPI ones at 2
+    Tests run ``WORKERS`` at a time, the whole-job ones (marked ``slow``) among the
+    others; then, one at a time, those marked ``alone``
+    (machine-wide state such as Slurm and the virtual cluster, or timing across
+    namespaces). ``quick``: only the tests not marked ``slow``, and the MPI ones at 2
     ranks, for the edit-test loop; CI runs everything, the demo in its own environment
     included.
     """

@@ -15,7 +15,8 @@ from hpcpar.errors import HpcparError, UsageError
 
 pytestmark = [
     pytest.mark.slow,  # starts whole jobs: left out of dev.py test --quick
-    pytest.mark.xdist_group("slurm"),  # one local Slurm at a time, in one worker
+    pytest.mark.xdist_group("slurm"),  # one local Slurm at a time
+    pytest.mark.alone,  # its jobs share the machine's cores with Slurm's own daemons
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
