@@ -1,9 +1,11 @@
 """``hpcpar launch --restarts K``: start a failed job again at once, and report each recovery.
 
 A job that ends abnormally (a rank killed or crashed, an uncaught error, the watchdog
-ending a hang) is started again with the same command, up to ``K`` times: the first
-restart at once, each later one after a back-off that doubles (``backoff``, ``2 *
-backoff``, ... at most ``MAX_BACKOFF`` seconds). A job that ends with status 0, a usage
+ending a hang) is started again with the same command, up to ``K`` times, at once. Only
+failures in quick succession wait: a start that failed within ``QUICK`` seconds of
+starting, after another such start, waits ``backoff`` before the next, and each further
+quick failure doubles the wait (at most ``MAX_BACKOFF`` seconds); a start that ran
+longer resets it. A job that ends with status 0, a usage
 error (status 2: the same input would fail again) or that was stopped (``--timeout``,
 SIGINT/SIGTERM to the launcher) is not restarted. Every start sees ``HPCPAR_RESTART``
 (0, then 1, 2, ...) and, after a failure, ``HPCPAR_RESTART_FAILED`` (the ranks whose
@@ -34,6 +36,7 @@ from .runtime.results import atomic_write
 
 __all__ = [
     "MAX_BACKOFF",
+    "QUICK",
     "Recovery",
     "RestartReport",
     "restartable",
@@ -42,6 +45,7 @@ __all__ = [
 ]
 
 MAX_BACKOFF = 30.0  # seconds: the longest wait before a restart
+QUICK = 10.0  # seconds: a start that failed sooner is a quick failure (a crash loop)
 USAGE_EXIT = 2  # bad input: every start would fail the same way
 
 
@@ -50,11 +54,11 @@ def restartable(attempt: Attempt) -> bool:
     return attempt.status not in (0, USAGE_EXIT) and not attempt.interrupted
 
 
-def backoff_delay(restart: int, backoff: float) -> float:
-    """Seconds to wait before restart number ``restart`` (1, 2, ...)."""
-    if restart <= 1:
+def backoff_delay(quick: int, backoff: float) -> float:
+    """Seconds to wait after the ``quick``-th quick failure in a row (1, 2, ...)."""
+    if quick <= 1:
         return 0.0
-    return min(MAX_BACKOFF, backoff * 2.0 ** (restart - 2))
+    return min(MAX_BACKOFF, backoff * 2.0 ** (quick - 2))
 
 
 @dataclass
@@ -186,7 +190,8 @@ def run_restarting(
         restarts: The most restarts (0: run once, as ``run_job`` does).
         timeout: Seconds for all starts together (``--timeout``); the job is killed and
             124 returned when they pass.
-        backoff: The wait before the second restart; it doubles for each later one.
+        backoff: The wait after the second quick failure in a row; it doubles with each
+            further one (see the module docstring).
         report: A file to write the report to as JSON (rank-independent, atomic).
         environ: Variables added to every start (tests).
         replan: The plan for another rank count and layout (``None``: no node loss is
@@ -234,6 +239,7 @@ class _Restarter:
         self.began = time.monotonic()
         self.deadline = None if timeout is None else self.began + timeout
         self.result = RestartReport(restarts)
+        self.quick = 0  # quick failures in a row
 
     def run(self) -> None:
         extra = {**self.environ, "HPCPAR_RESTART": "0"}
@@ -280,7 +286,8 @@ class _Restarter:
 
     def _recovery(self, number: int, attempt: Attempt) -> Recovery | None:
         """The next restart's record (its plan made), or None when it cannot be."""
-        wait = backoff_delay(number, self.backoff)
+        self.quick = self.quick + 1 if attempt.ended - attempt.started < QUICK else 0
+        wait = backoff_delay(self.quick, self.backoff)
         if self.deadline is not None:
             wait = min(wait, max(0.0, self.deadline - time.monotonic()))
         teardown = None if attempt.failed_at is None else attempt.ended - attempt.failed_at

@@ -22,10 +22,11 @@ bitwise against an uninterrupted run's (sgd's parameters with ``--reproducible
 --full-data``, cfr's average policy).
 
 ``--efficiency S`` measures the useful-work efficiency instead: sgd trained for about S
-seconds without failures (and without checkpoints), then the same training with
-per-step checkpoints and rank 1 killed every ``--every`` seconds of each start under
-``hpcpar launch --restarts``; the efficiency is the first time over the second, and the
-two models must be bitwise the same.
+seconds without failures (and without checkpoints), then the same training with a
+checkpoint every ``--save-every`` seconds of training (node-local, on ``/dev/shm``) and
+rank 1 killed every ``--every`` seconds of each start under ``hpcpar launch
+--restarts``; the efficiency is the first time over the second, and the two models must
+be bitwise the same.
 """
 
 from __future__ import annotations
@@ -87,6 +88,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         metavar="S",
         help="with --efficiency: seconds a start runs before its rank is killed (default 60)",
+    )
+    parser.add_argument(
+        "--save-every",
+        type=real(0.001, 86400),
+        default=1.0,
+        metavar="S",
+        help="with --efficiency: seconds of training between checkpoints (default 1)",
     )
 
 
@@ -254,8 +262,12 @@ def _efficiency(args: argparse.Namespace, work: Path) -> list[Measurement]:
     env = detached_env(HPCPAR_PLOTS="0")
     probe = work / "probe"
     probe.mkdir()
-    seconds, _ = _timed([*layout, "--", *_app_command("sgd", probe / "out.json", 0)], env)
-    epochs = max(2, round(args.efficiency / (seconds / 2)))  # the probe trains 2 epochs
+    _timed([*layout, "--", *_app_command("sgd", probe / "out.json", 0)], env)
+    rows = json.loads((probe / "out.json").read_text())["results"]["epochs"]
+    epoch = statistics.median(r["seconds"] for r in rows)  # the training, not the start
+    step = epoch * 96 / statistics.median(r["samples_per_s"] * r["seconds"] for r in rows)
+    epochs = max(2, round(args.efficiency / epoch))
+    save = max(1, round(args.save_every / step))  # steps between checkpoints
     command = _app_command("sgd", work / "plain" / "out.json", 0)
     command[command.index("--epochs") + 1] = str(epochs)
     free, _ = _timed([*layout, "--", *command], env)
@@ -265,7 +277,7 @@ def _efficiency(args: argparse.Namespace, work: Path) -> list[Measurement]:
     )
     failing = _app_command("sgd", work / "failing" / "out.json", 0)
     failing[failing.index("--epochs") + 1] = str(epochs)
-    failing += ["--checkpoint", str(work / "failing" / "ck"), "--checkpoint-every", "1"]
+    failing += ["--checkpoint", str(work / "failing" / "ck"), "--checkpoint-every", str(save)]
     shm = Path("/dev/shm")
     local = tempfile.mkdtemp(prefix="hpcpar-bench-recovery-", dir=shm if shm.is_dir() else work)
     failing += ["--checkpoint-local", local]
@@ -280,8 +292,9 @@ def _efficiency(args: argparse.Namespace, work: Path) -> list[Measurement]:
     n = len(json.loads(report.read_text())["recoveries"])
     ok = _same("sgd", np.load(work / "plain" / "out.npy"), np.load(work / "failing" / "out.npy"))
     print(
-        f"# bench recovery --efficiency: sgd, {args.ranks} ranks, layout {args.layout}, "
-        f"{epochs} epochs\nfailure-free {free:.1f} s; with a rank killed every "
+        f"# bench recovery --efficiency: sgd, {args.ranks} ranks, layout {layout[-1]}, "
+        f"{epochs} epochs, a checkpoint every {save} steps (about {args.save_every:g} s)\n"
+        f"failure-free {free:.1f} s; with a rank killed every "
         f"{args.every:g} s of a start: {n} failures, {slow:.1f} s; useful-work efficiency "
         f"{free / slow:.3f}; model {'bitwise the same' if ok else 'DIFFERS'}",
         flush=True,

@@ -41,7 +41,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         type=real(0, above=True),
         default=None,
         metavar="S",
-        help="kill the whole job after S seconds, exit 124 (default: $HPCPAR_TIMEOUT, else none)",
+        help="kill the whole job after S seconds (all its starts, with --restarts), exit 124 "
+        "(default: $HPCPAR_TIMEOUT, else none)",
     )
     add_restart_arguments(parser)
     parser.add_argument(
@@ -99,8 +100,9 @@ def add_restart_arguments(parser: argparse.ArgumentParser) -> None:
         type=real(0, 3600),
         default=1.0,
         metavar="S",
-        help="the first restart is at once, the second after S seconds, each later one "
-        "after twice the wait before it, at most 30 s (default 1)",
+        help="a restart is at once, but after a start that failed within 10 s of the one "
+        "before (a crash loop) the next waits S seconds, twice that after the next such "
+        "failure, and so on up to 30 s (default 1)",
     )
     parser.add_argument(
         "--min-ranks",

@@ -20,7 +20,7 @@ from hpcpar.restarts import MAX_BACKOFF, RestartReport, backoff_delay, restartab
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 
 
-def test_the_first_restart_is_at_once_and_later_ones_back_off_doubling():
+def test_a_restart_is_at_once_and_only_quick_failures_in_a_row_back_off_doubling():
     assert [backoff_delay(k, 1.0) for k in (1, 2, 3, 4)] == [0.0, 1.0, 2.0, 4.0]
     assert backoff_delay(40, 1.0) == MAX_BACKOFF
     assert backoff_delay(3, 0.0) == 0.0
