@@ -205,7 +205,7 @@ def run_restarting(
     """
     restarter = _Restarter(plan, restarts, timeout, backoff, dict(environ or {}))
     restarter.replan, restarter.layout = replan, layout
-    restarter.min_ranks, restarter.spares = min_ranks, spares
+    restarter.min_ranks, restarter.spares = min_ranks, spares  # the node-loss policy
     try:
         restarter.run()
     except KeyboardInterrupt:
@@ -302,27 +302,34 @@ class _Restarter:
             lost_nodes=attempt.lost_nodes,
             ranks=self.plan.ranks,
         )
-        lost = len(attempt.lost_nodes)
-        if lost:  # every rank of a lost node failed, whichever the launcher saw end first
-            node_of = node_assignment(self.layout, self.plan.ranks) if self.layout else []
-            attempt.failed = [r for r, n in enumerate(node_of) if n in attempt.lost_nodes]
-            recovery.failed = attempt.failed
-        if lost and lost <= self.spares:
-            self.spares -= lost
-            recovery.spares = lost
-        elif lost:
-            ranks, layout = survivors(self.layout, self.plan.ranks, attempt.lost_nodes)
-            refusal = None
-            if self.replan is None:
-                refusal = "this launch cannot restart on fewer nodes"
-            elif ranks < self.min_ranks:
-                refusal = f"{ranks} rank(s) are left, fewer than --min-ranks {self.min_ranks}"
-            if refusal or self.replan is None:
-                sys.stderr.write(
-                    f"hpcpar launch: node(s) {format_ranks(attempt.lost_nodes)} lost and no "
-                    f"spare node left; {refusal}: not restarting\n"
-                )
-                return None
+        if attempt.lost_nodes and not self._place(recovery, attempt):
+            return None
+        return recovery
+
+    def _place(self, recovery: Recovery, attempt: Attempt) -> bool:
+        """Where the start after a node loss runs: on spares, or on the other nodes' ranks.
+
+        False (and one line said) when neither can be.
+        """
+        lost = attempt.lost_nodes
+        # every rank of a lost node failed, whichever the launcher saw end first
+        node_of = node_assignment(self.layout, self.plan.ranks) if self.layout else []
+        attempt.failed = recovery.failed = [r for r, n in enumerate(node_of) if n in lost]
+        if len(lost) <= self.spares:
+            self.spares -= len(lost)
+            recovery.spares = len(lost)
+            return True
+        ranks, layout = survivors(self.layout, self.plan.ranks, lost)
+        if self.replan is None:
+            refusal = "this launch cannot restart on fewer nodes"
+        elif ranks < self.min_ranks:
+            refusal = f"{ranks} rank(s) are left, fewer than --min-ranks {self.min_ranks}"
+        else:
             self.plan, self.layout = self.replan(ranks, layout), layout
             recovery.ranks, recovery.layout = ranks, layout
-        return recovery
+            return True
+        sys.stderr.write(
+            f"hpcpar launch: node(s) {format_ranks(lost)} lost and no spare node left; "
+            f"{refusal}: not restarting\n"
+        )
+        return False

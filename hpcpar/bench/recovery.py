@@ -98,14 +98,19 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _app_command(app: str, out: Path, steps: int) -> list[str]:
+def _app_command(app: str, folder: Path, steps: int) -> list[str]:
+    """The app's training command, writing its results (and model) to ``folder``."""
+    out = ["--out", str(folder / "out.json")]
     if app == "sgd":
         return [
             *("sgd", "--dataset", "digits", "--model", "mlp", "--hidden", "256"),
             *("--epochs", str(max(2, steps // 20 + 1)), "--batch", "96", "--lr", "0.05"),
-            *("--reproducible", "--full-data", "--out", str(out)),
+            *("--reproducible", "--full-data", *out),
         ]
-    return ["cfr", "--game", "leduc_poker", "--iterations", str(steps), "--eval-every", "50"]
+    return [
+        *("cfr", "--game", "leduc_poker", "--iterations", str(steps), "--eval-every", "50"),
+        *(*out, "--policy", str(folder / "policy.json")),
+    ]
 
 
 def _final(app: str, folder: Path) -> Any:
@@ -132,7 +137,7 @@ class _Markers(threading.Thread):
 
 
 def _launch(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    run = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "hpcpar", "launch", *argv],
         capture_output=True,
         text=True,
@@ -140,23 +145,19 @@ def _launch(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
         timeout=900,
         check=False,
     )
-    return run
 
 
 def _job(app: str, way: str, folder: Path, args: argparse.Namespace) -> tuple[list, Path | None]:
     """The app's command line with its checkpoints for ``way``, and its /dev/shm folder."""
     levels = "memory,local,partner" if way == "restart" else "memory,hdf5"
     shm = Path("/dev/shm")  # tmpfs: node-local copies in memory that outlive a process
-    out = folder / "out.json"
-    command = _app_command(app, out, args.kill_step * 4)
+    command = _app_command(app, folder, args.kill_step * 4)
     command += ["--checkpoint", str(folder / "ck"), "--checkpoint-every", "1"]
     command += ["--checkpoint-levels", levels]
     local = None
     if way == "restart" and shm.is_dir():
         local = Path(tempfile.mkdtemp(prefix="hpcpar-bench-recovery-", dir=shm))
         command += ["--checkpoint-local", str(local)]
-    if app == "cfr":
-        command += ["--out", str(out), "--policy", str(folder / "policy.json")]
     return command, local
 
 
@@ -164,11 +165,11 @@ def _one(app: str, failure: str, way: str, args: argparse.Namespace, work: Path)
     """One killed run and its recovery: seconds from the kill to the next step, phases."""
     from ..launcher import detached_env
     from ..layout import node_assignment
+    from ..restarts import survivors
 
     folder = Path(tempfile.mkdtemp(prefix=f"{app}-{failure}-{way}-", dir=work))
     ck = folder / "ck"
-    node_of = node_assignment(args.layout, args.ranks)
-    last = max(node_of)
+    last = max(node_assignment(args.layout, args.ranks))
     target = f"node={last}" if failure == "node" else "rank=1"
     fault = f"kill=after-commit,step={args.kill_step},{target}"
     command, local = _job(app, way, folder, args)
@@ -186,10 +187,8 @@ def _one(app: str, failure: str, way: str, args: argparse.Namespace, work: Path)
             if first.returncode == 0:
                 raise UsageError(f"bench recovery: the {failure} fault did not end the job")
             if failure == "node":  # the user starts again on the nodes that are left
-                kept = [n for n in node_of if n != last]
-                sizes = [kept.count(n) for n in sorted(set(kept))]
-                layout = ["-n", str(len(kept)), "--layout", f"nodes:{','.join(map(str, sizes))}"]
-                layout += ["--timeout", "600"]
+                ranks, left = survivors(args.layout, args.ranks, [last])
+                layout = ["-n", str(ranks), "--layout", str(left), "--timeout", "600"]
             shutil.rmtree(ck / "nodes", ignore_errors=True)  # a new allocation's nodes
             run = _launch([*layout, "--", *command], {**env, "HPCPAR_CHECKPOINT_FAULT": ""})
     finally:
@@ -216,8 +215,9 @@ def _phases(runs: list[dict]) -> dict[str, float | None]:
     """
     if not all(r["phases"] for r in runs):
         return dict.fromkeys(("teardown", "start", "down", "rest"))
-    out = {k: statistics.median(r["phases"][k] for r in runs) for k in ("teardown", "start")}
-    out["down"] = statistics.median(r["phases"]["down"] for r in runs)
+    out = {
+        k: statistics.median(r["phases"][k] for r in runs) for k in ("teardown", "start", "down")
+    }
     out["rest"] = statistics.median(r["seconds"] - r["phases"]["down"] for r in runs)
     return out
 
@@ -226,9 +226,7 @@ def _reference(app: str, args: argparse.Namespace, work: Path) -> Any:
     from ..launcher import detached_env
 
     folder = Path(tempfile.mkdtemp(prefix=f"{app}-plain-", dir=work))
-    command = _app_command(app, folder / "out.json", args.kill_step * 4)
-    if app == "cfr":
-        command += ["--out", str(folder / "out.json"), "--policy", str(folder / "policy.json")]
+    command = _app_command(app, folder, args.kill_step * 4)
     layout = ["-n", str(args.ranks), "--layout", args.layout, "--timeout", "600"]
     run = _launch([*layout, "--", *command], detached_env(HPCPAR_PLOTS="0"))
     if run.returncode != 0:
@@ -262,20 +260,20 @@ def _efficiency(args: argparse.Namespace, work: Path) -> list[Measurement]:
     env = detached_env(HPCPAR_PLOTS="0")
     probe = work / "probe"
     probe.mkdir()
-    _timed([*layout, "--", *_app_command("sgd", probe / "out.json", 0)], env)
+    _timed([*layout, "--", *_app_command("sgd", probe, 0)], env)
     rows = json.loads((probe / "out.json").read_text())["results"]["epochs"]
     epoch = statistics.median(r["seconds"] for r in rows)  # the training, not the start
     step = epoch * 96 / statistics.median(r["samples_per_s"] * r["seconds"] for r in rows)
     epochs = max(2, round(args.efficiency / epoch))
     save = max(1, round(args.save_every / step))  # steps between checkpoints
-    command = _app_command("sgd", work / "plain" / "out.json", 0)
+    command = _app_command("sgd", work / "plain", 0)
     command[command.index("--epochs") + 1] = str(epochs)
     free, _ = _timed([*layout, "--", *command], env)
     kills = int(free * 1.5 / args.every) + 2
     faults = ";".join(
         f"kill=after-commit,rank=1,after={args.every:g},restart={k}" for k in range(kills)
     )
-    failing = _app_command("sgd", work / "failing" / "out.json", 0)
+    failing = _app_command("sgd", work / "failing", 0)
     failing[failing.index("--epochs") + 1] = str(epochs)
     failing += ["--checkpoint", str(work / "failing" / "ck"), "--checkpoint-every", str(save)]
     shm = Path("/dev/shm")

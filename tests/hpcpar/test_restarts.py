@@ -226,7 +226,7 @@ def test_more_failures_than_restarts_allowed_end_with_the_last_status(tmp_path):
 def test_a_hang_the_watchdog_ends_is_restarted(tmp_path):
     script = tmp_path / "hangs.py"
     script.write_text(HANGS_ONCE)
-    run = _launch("-n", "2", "--watchdog", "1", "--restarts", "2", "--", str(script))
+    run = _launch("-n", "2", "--watchdog", "3", "--restarts", "2", "--", str(script))
     assert run.returncode == 0, run.stderr
     assert "done in start 1 after" in run.stdout, run.stdout
     assert "restart 1 of 2" in run.stderr and "after 1 restart(s)" in run.stderr
